@@ -1,0 +1,2 @@
+"""solbound: speed-of-light bounds for PyTorch programs."""
+__version__ = "0.1.0"

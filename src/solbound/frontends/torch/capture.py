@@ -1,0 +1,128 @@
+"""Capture a PyTorch program as a core-ATen graph on meta tensors.
+
+``load_problem`` imports a file in KernelBench's convention (``class Model``,
+``get_inputs()``, ``get_init_inputs()``) or a ``pkg.module:factory`` callable
+returning ``(module, example_inputs)``; ``export_program`` runs
+``torch.export`` and the core ATen decomposition without allocating real
+tensor memory when the module lives on the meta device.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class FrontendError(RuntimeError):
+    """A program that cannot be loaded or traced; the message is one line."""
+
+
+@dataclass
+class Problem:
+    """A program to analyze: how to build it, and where it came from."""
+
+    source: str                                   # file path or module:factory
+    build: Callable[[str], tuple[Any, tuple]]     # device -> (module, inputs)
+
+
+def _where(exc: BaseException, path: str | None = None) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in tb if path is None or os.path.abspath(f.filename) == os.path.abspath(path)]
+    f = (frames or tb or [None])[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno}" if f is not None else "?"
+
+
+def _oneline(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+
+
+def _import_file(path: str):
+    if not os.path.exists(path):
+        raise FrontendError(f"{path}: no such file")
+    name = "solbound_user_" + "".join(c if c.isalnum() else "_" for c in os.path.abspath(path))
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise FrontendError(f"{path}: not a Python file")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except SyntaxError as e:
+        raise FrontendError(f"{path}:{e.lineno}: does not import: SyntaxError: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - any import failure is reported as one line
+        raise FrontendError(f"{path} ({_where(e, path)}): does not import: {_oneline(e)}") from None
+    return mod
+
+
+def load_problem(spec: str) -> Problem:
+    """``FILE.py`` (KernelBench convention) or ``pkg.module:factory``."""
+    if spec.endswith(".py") or os.path.sep in spec:
+        mod = _import_file(spec)
+        missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(mod, n)]
+        if missing:
+            raise FrontendError(f"{spec}: lacks {', '.join(missing)} (a KernelBench-style file "
+                                f"defines class Model, get_inputs() and get_init_inputs())")
+
+        def build(device: str, mod=mod, spec=spec):
+            import torch
+            try:
+                with torch.device(device):
+                    init = mod.get_init_inputs()
+                    model = mod.Model(*init)
+                    inputs = mod.get_inputs()
+            except Exception as e:  # noqa: BLE001
+                raise FrontendError(f"{spec} ({_where(e, spec)}): building Model/get_inputs "
+                                    f"failed: {_oneline(e)}") from None
+            return model, tuple(inputs)
+
+        return Problem(spec, build)
+    if ":" not in spec:
+        raise FrontendError(f"{spec}: expected FILE.py or pkg.module:factory")
+    modname, _, attr = spec.partition(":")
+    try:
+        mod = importlib.import_module(modname)
+    except Exception as e:  # noqa: BLE001
+        raise FrontendError(f"{spec}: module {modname} does not import: {_oneline(e)}") from None
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        raise FrontendError(f"{spec}: {modname} has no callable {attr}")
+
+    def build_factory(device: str):
+        import torch
+        try:
+            with torch.device(device):
+                res = factory()
+        except Exception as e:  # noqa: BLE001
+            raise FrontendError(f"{spec}: factory failed: {_oneline(e)}") from None
+        if not (isinstance(res, tuple) and len(res) == 2):
+            raise FrontendError(f"{spec}: factory must return (module, example_inputs)")
+        model, inputs = res
+        return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+    return Problem(spec, build_factory)
+
+
+def export_program(model, inputs: tuple, source: str = "program"):
+    """torch.export + core ATen decomposition; returns the ExportedProgram."""
+    import torch
+    import torch.nn as nn
+
+    if not isinstance(model, nn.Module):
+        raise FrontendError(f"{source}: Model is not a torch.nn.Module")
+    args = tuple(inputs)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = torch.export.export(model, args, strict=False)
+            ep = ep.run_decompositions()
+    except Exception as e:  # noqa: BLE001
+        raise FrontendError(f"{source}: torch.export failed to trace ({_where(e)}): "
+                            f"{_oneline(e)}") from None
+    return ep

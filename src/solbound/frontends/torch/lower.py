@@ -1,0 +1,491 @@
+"""Lower a core-ATen graph (torch.export) to the loop IR.
+
+Every FX value is either a *base* IR tensor (written by a kernel, or a graph
+input / parameter / buffer) or a *view* of one. Views are tracked as strided
+windows onto their contiguous base, computed by replaying the view op on a
+meta tensor; they move no data. A consumer's access through a view becomes an
+affine access of the base (see :func:`KernelBuilder.load`), splitting a loop
+variable into two when a view merges base dimensions (``flatten``).
+
+Each non-view node is lowered by one rule in :data:`RULES` (see ``rules/``).
+Kernels carry the *framework operator* they come from: the node of the
+un-decomposed export graph (``from_node``), so that e.g. ``silu``'s
+``sigmoid`` and ``mul`` form one library call for the unfused bound.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ...ir.affine import Aff, Atom, Guard
+from ...ir.model import (Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl,
+                         subst_expr)
+from ...ir.text import RESERVED
+
+TORCH_DTYPES = {
+    torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "u8", torch.bool: "bool",
+}
+if hasattr(torch, "float8_e4m3fn"):
+    TORCH_DTYPES[torch.float8_e4m3fn] = "f8e4m3"
+    TORCH_DTYPES[torch.float8_e5m2] = "f8e5m2"
+IR_TO_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+class LoweringError(Exception):
+    """A node that a rule cannot lower (reported as unsupported, with its source)."""
+
+
+# ============================================================================
+# values
+
+
+@dataclass
+class View:
+    """A strided window onto base IR tensor ``base`` (contiguous, row-major)."""
+
+    base: str
+    meta: torch.Tensor            # meta tensor sharing storage with the base's meta tensor
+    base_shape: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.meta.shape)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return tuple(self.meta.stride())
+
+    @property
+    def offset(self) -> int:
+        return int(self.meta.storage_offset())
+
+    @property
+    def dtype(self) -> str:
+        return TORCH_DTYPES[self.meta.dtype]
+
+    @property
+    def ndim(self) -> int:
+        return self.meta.dim()
+
+    @property
+    def is_full(self) -> bool:
+        """The view is its whole base in row-major order (no data reordering)."""
+        return (self.shape == self.base_shape and self.offset == 0
+                and self.strides == _contig(self.base_shape))
+
+
+def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(st))
+
+
+# ============================================================================
+# kernel builder
+
+
+class KernelBuilder:
+    """Collects the loops, accesses and body of one kernel."""
+
+    def __init__(self, low: "Lowering", dims: list[tuple[str, int]]):
+        self.low = low
+        self.dims: list[tuple[str, int]] = list(dims)
+        self.splits: dict[str, Aff] = {}
+
+    def extent(self, v: str) -> int:
+        return dict(self.dims)[v]
+
+    def _split(self, v: str, factor: int) -> tuple[Aff, Aff]:
+        n = self.extent(v)
+        hi, lo = f"{v}h", f"{v}l"
+        pos = [d for d, _ in self.dims].index(v)
+        self.dims[pos:pos + 1] = [(hi, n // factor), (lo, factor)]
+        sub = Aff.var(hi) * factor + Aff.var(lo)
+        self.splits = {k: a.subst({v: sub}) for k, a in self.splits.items()}
+        self.splits[v] = sub
+        return Aff.var(hi), Aff.var(lo)
+
+    def resolve(self, a: Aff) -> Aff:
+        return a.subst(self.splits)
+
+    def load(self, view: View, index: list[Aff | int]) -> Access:
+        """Affine access of ``view`` at ``index`` (one entry per view dim)."""
+        if len(index) != view.ndim:
+            raise LoweringError(f"internal: view of rank {view.ndim} indexed with {len(index)}")
+        bshape = view.base_shape
+        bstr = _contig(bshape)
+        r = len(bshape)
+        acc = [Aff.lit(0) for _ in range(r)]
+        off = view.offset
+        for j in range(r):
+            c, off = divmod(off, bstr[j]) if bshape[j] else (0, off)
+            acc[j] = acc[j] + c
+
+        def place(e: Aff, n: int, s: int) -> None:
+            digits, rest = [], s
+            for j in range(r):
+                m, rest = divmod(rest, bstr[j])
+                if m:
+                    digits.append((j, m))
+            if len(digits) == 1:
+                j, m = digits[0]
+                if j == 0 or (n - 1) * m < bshape[j]:
+                    acc[j] = acc[j] + e * m
+                    return
+                v = e.single_var()
+                if v is None or bshape[j] % m or n % (bshape[j] // m):
+                    raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
+                                        f"of a {bshape} tensor is not affine")
+                f = bshape[j] // m
+                hi, lo = self._split(v, f)
+                acc[j] = acc[j] + lo * m
+                place(hi, n // f, s * f)
+                return
+            for j, m in digits:
+                if j and (n - 1) * m >= bshape[j]:
+                    raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
+                                        f"of a {bshape} tensor is not affine")
+                acc[j] = acc[j] + e * m
+
+        for e, n, s in zip(index, view.shape, view.strides):
+            if n == 1 or s == 0:
+                continue
+            place(self.resolve(Aff.of(e)), n, s)
+        return Access(view.base, tuple(self.resolve(a) for a in acc))
+
+    def finish(self, name: str, out: str, out_index: list[Aff], body: Expr, *,
+               reduce: str | None = None, guard: Guard = (), fill=0, scan: str | None = None,
+               out2: str | None = None, unit: str = "") -> Kernel:
+        sub = dict(self.splits)
+        # loops of extent 1 carry no information: fold them to the constant 0
+        ones = {d: Aff.lit(0) for d, n in self.dims if n == 1}
+        if ones:
+            sub = {k: a.subst(ones) for k, a in sub.items()}
+            sub.update(ones)
+            self.dims = [(d, n) for d, n in self.dims if n != 1]
+            if scan in ones:
+                scan, reduce = None, None
+        return Kernel(
+            name=name, dims=tuple(self.dims), out=out,
+            out_index=tuple(Aff.of(a).subst(sub) for a in out_index),
+            body=subst_expr(body, sub), reduce=reduce,
+            guard=tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in guard), fill=fill,
+            scan=scan, out2=out2, unit=unit)
+
+
+# ============================================================================
+# per-node context handed to rules
+
+
+class OpCtx:
+    """What a lowering rule sees: its arguments (views for tensors) and helpers."""
+
+    def __init__(self, low: "Lowering", node: torch.fx.Node):
+        self.low = low
+        self.node = node
+        self.args = low.map_args(node.args)
+        self.kwargs = low.map_args(node.kwargs)
+        self.val = node.meta.get("val")
+        self._nk = 0
+
+    # outputs ----------------------------------------------------------------
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.val.shape)
+
+    @property
+    def out_dtype(self) -> str:
+        return TORCH_DTYPES[self.val.dtype]
+
+    def new_tensor(self, shape, dtype: str, hint: str | None = None) -> View:
+        return self.low.new_base(hint or self.node.name, tuple(int(s) for s in shape), dtype)
+
+    def output(self, index: int | None = None) -> View:
+        """A fresh base tensor for the node's (index-th) output."""
+        val = self.val if index is None else self.val[index]
+        name = self.node.name if index is None else f"{self.node.name}_{index}"
+        return self.low.new_base(name, tuple(int(s) for s in val.shape), TORCH_DTYPES[val.dtype])
+
+    # kernels --------------------------------------------------------------------
+    def builder(self, extents: list[int] | tuple[int, ...], red: list[int] | tuple[int, ...] = ()):
+        """A builder over output dims ``d0..`` and reduction dims ``r0..``."""
+        dims = [(f"d{i}", int(n)) for i, n in enumerate(extents)]
+        dims += [(f"r{i}", int(n)) for i, n in enumerate(red)]
+        return KernelBuilder(self.low, dims)
+
+    def emit(self, kb: KernelBuilder, out: View, out_index, body: Expr, **kw) -> None:
+        self._nk += 1
+        name = self.low.kernel_name(self.node.name)
+        target = kb.load(out, [Aff.of(a) for a in out_index])
+        if "out2" in kw and kw["out2"] is not None and isinstance(kw["out2"], View):
+            kw["out2"] = kw["out2"].base
+        k = kb.finish(name, target.tensor, list(target.index), body, **kw)
+        self.low.add_kernel(k, self.node)
+
+    def bind(self, value) -> None:
+        self.low.env[self.node] = value
+
+
+Rule = Callable[[OpCtx], None]
+RULES: dict[str, Rule] = {}
+VIEW_OPS: set[str] = set()
+
+
+def rule(*names: str):
+    """Register a lowering rule for ATen overloads (``aten.add.Tensor``) or packets (``aten.add``)."""
+    def deco(fn: Rule) -> Rule:
+        for n in names:
+            RULES[n] = fn
+        return fn
+    return deco
+
+
+def find_rule(target) -> Rule | None:
+    s = str(target)
+    if s in RULES:
+        return RULES[s]
+    packet = s.rsplit(".", 1)[0] if s.count(".") >= 2 else s
+    return RULES.get(packet)
+
+
+# ============================================================================
+# the lowering pass
+
+
+@dataclass
+class Unsupported:
+    operator: str
+    source: str
+    reason: str
+    node: str
+
+
+@dataclass
+class LoweredProgram:
+    """The IR plus what the frontend learned that the IR itself does not hold."""
+
+    program: Program
+    unsupported: list[Unsupported]
+    # graph output position -> (kind, name, view meta) for validation
+    outputs: list[dict]
+    inputs: list[dict]           # user inputs in order: {"name", "ir"}
+    state: list[dict]            # parameters/buffers: {"target", "ir", "role"}
+    groups: dict[str, dict]      # op id -> {"name", "src"}
+
+
+def _src_of(node: torch.fx.Node, user_files: tuple[str, ...]) -> str:
+    st = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', st)
+    if not frames:
+        return ""
+    torch_dir = os.path.dirname(torch.__file__)
+    for fname, line in reversed(frames):
+        if user_files and os.path.abspath(fname) in user_files:
+            return f"{os.path.basename(fname)}:{line}"
+    for fname, line in reversed(frames):
+        if not os.path.abspath(fname).startswith(torch_dir):
+            return f"{os.path.basename(fname)}:{line}"
+    fname, line = frames[-1]
+    return f"{os.path.basename(fname)}:{line}"
+
+
+class Lowering:
+    def __init__(self, ep, user_files: tuple[str, ...] = ()):
+        self.ep = ep
+        self.user_files = tuple(os.path.abspath(f) for f in user_files)
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.tensors: dict[str, TensorDecl] = {}
+        self.kernels: list[Kernel] = []
+        self.unsupported: list[Unsupported] = []
+        self.notes: list[str] = []
+        self.groups: dict[str, dict] = {}
+        self._names: set[str] = set(RESERVED)
+        self._kcount: dict[str, int] = {}
+        self._cur_group = ("", "", "")
+
+    # names ------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        base = re.sub(r"\W", "_", hint).strip("_") or "t"
+        if base[0].isdigit() or re.fullmatch(r"[dr]\d+[hl]*", base):
+            base = "t_" + base
+        name, i = base, 1
+        while name in self._names:
+            i += 1
+            name = f"{base}_{i}"
+        self._names.add(name)
+        return name
+
+    def kernel_name(self, hint: str) -> str:
+        return self.fresh("k_" + hint)
+
+    def new_base(self, hint: str, shape: tuple[int, ...], dtype: str,
+                 role: str = "intermediate") -> View:
+        name = self.fresh(hint)
+        self.tensors[name] = TensorDecl(name, shape, dtype, role)
+        meta = torch.empty(shape, dtype=IR_TO_TORCH[dtype], device="meta")
+        return View(name, meta, shape)
+
+    def add_kernel(self, k: Kernel, node: torch.fx.Node) -> None:
+        op, opname, src = self._cur_group
+        self.kernels.append(k.with_(op=op, opname=opname, src=src))
+
+    # arguments ------------------------------------------------------------------
+    def map_args(self, a):
+        if isinstance(a, torch.fx.Node):
+            return self.env[a]
+        if isinstance(a, (list, tuple)):
+            return type(a)(self.map_args(x) for x in a)
+        if isinstance(a, dict):
+            return {k: self.map_args(v) for k, v in a.items()}
+        return a
+
+    # main ---------------------------------------------------------------------
+    def run(self) -> LoweredProgram:
+        ep = self.ep
+        sig = ep.graph_signature
+        kinds: dict[str, tuple[str, str]] = {}
+        for spec in sig.input_specs:
+            kind = spec.kind.name
+            role = {"USER_INPUT": "input", "PARAMETER": "parameter", "BUFFER": "buffer",
+                    "CONSTANT_TENSOR": "constant"}.get(kind, "input")
+            kinds[spec.arg.name] = (role, spec.target or spec.arg.name)
+        inputs, state = [], []
+        graph = ep.graph_module.graph
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                val = node.meta.get("val")
+                role, target = kinds.get(node.name, ("input", node.name))
+                if not isinstance(val, torch.Tensor):
+                    self.env[node] = val
+                    if role == "input":
+                        inputs.append({"name": node.name, "ir": None, "value": val})
+                    continue
+                v = self.new_base(node.name, tuple(int(s) for s in val.shape),
+                                  TORCH_DTYPES[val.dtype], role)
+                self.env[node] = v
+                if role == "input":
+                    inputs.append({"name": node.name, "ir": v.base})
+                else:
+                    state.append({"target": target, "ir": v.base, "role": role})
+            elif node.op == "call_function":
+                self.lower_node(node)
+            elif node.op == "output":
+                outputs = self.finish_outputs(node, sig)
+        # only now mark outputs (kernels were checked against intermediates)
+        program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
+        program = _prune(program)
+        return LoweredProgram(program, self.unsupported, outputs, inputs, state, self.groups)
+
+    def _group_of(self, node: torch.fx.Node) -> tuple[str, str, str]:
+        fn = node.meta.get("from_node") or []
+        root = fn[0] if fn else None
+        gname = root.name if root is not None else node.name
+        gtarget = str(root.target) if root is not None else str(node.target)
+        gtarget = re.sub(r"\.default$", "", gtarget)
+        return gname, gtarget, _src_of(node, self.user_files)
+
+    def lower_node(self, node: torch.fx.Node) -> None:
+        target = node.target
+        if target is operator.getitem:
+            self.env[node] = self.env[node.args[0]][node.args[1]]
+            return
+        self._cur_group = self._group_of(node)
+        gid, gname, src = self._cur_group
+        self.groups.setdefault(gid, {"name": gname, "src": src})
+        fn = find_rule(target)
+        reason = "no lowering rule"
+        if fn is not None:
+            try:
+                fn(OpCtx(self, node))
+                if node in self.env:
+                    return
+                reason = "rule produced no value"
+            except LoweringError as e:
+                reason = str(e)
+            except (NotImplementedError, ValueError, TypeError, KeyError, IndexError) as e:
+                reason = f"{type(e).__name__}: {e}"
+        self._unsupported(node, reason)
+
+    def _unsupported(self, node: torch.fx.Node, reason: str) -> None:
+        opname = re.sub(r"\.default$", "", str(node.target))
+        src = self._cur_group[2]
+        self.unsupported.append(Unsupported(opname, src, reason, node.name))
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        outs = []
+        for arg in node.all_input_nodes:
+            # what an unsupported operator reads must exist in DRAM: keep it as an output
+            for v in _flat_views(self.env.get(arg)):
+                decl = self.tensors[v.base]
+                if decl.role == "intermediate":
+                    self.tensors[v.base] = TensorDecl(decl.name, decl.shape, decl.dtype, "output")
+        for i, v in enumerate(vals):
+            if isinstance(v, torch.Tensor):
+                out = self.new_base(f"{node.name}_unsupported" + (f"_{i}" if len(vals) > 1 else ""),
+                                    tuple(int(s) for s in v.shape), TORCH_DTYPES[v.dtype], "input")
+                self.notes.append(f"{out.base} is produced by unsupported {opname} "
+                                  f"({src or 'unknown source'}): treated as a program input, "
+                                  f"its work is not counted")
+                outs.append(out)
+            else:
+                outs.append(v)
+        self.env[node] = outs if isinstance(val, (list, tuple)) else outs[0]
+
+    def finish_outputs(self, node: torch.fx.Node, sig) -> list[dict]:
+        specs = sig.output_specs
+        res = []
+        for spec, arg in zip(specs, node.args[0]):
+            kind = spec.kind.name
+            v = self.env.get(arg) if isinstance(arg, torch.fx.Node) else arg
+            entry = {"kind": {"USER_OUTPUT": "output", "BUFFER_MUTATION": "buffer_mutation"}
+                     .get(kind, kind.lower()), "target": spec.target}
+            if isinstance(v, View):
+                decl = self.tensors[v.base]
+                if decl.role == "intermediate":
+                    self.tensors[v.base] = TensorDecl(decl.name, decl.shape, decl.dtype, "output")
+                entry.update(ir=v.base, shape=list(v.shape), strides=list(v.strides),
+                             offset=v.offset)
+            else:
+                entry.update(ir=None, value=v if isinstance(v, (int, float, bool)) else None)
+            res.append(entry)
+        return res
+
+
+def _flat_views(v) -> list[View]:
+    if isinstance(v, View):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [x for e in v for x in _flat_views(e)]
+    return []
+
+
+def _prune(p: Program) -> Program:
+    """Drop kernels whose outputs nobody reads (dead code after decomposition)."""
+    from ...ir.model import accesses
+    live = {t.name for t in p.tensors if t.role == "output"}
+    keep: list[Kernel] = []
+    for k in reversed(p.kernels):
+        if any(o in live for o in k.outputs):
+            keep.append(k)
+            for a in accesses(k.body):
+                live.add(a.tensor)
+    keep.reverse()
+    used = live | {t.name for t in p.tensors if t.role != "intermediate"}
+    tensors = tuple(t for t in p.tensors if t.name in used)
+    return Program(tensors, tuple(keep), p.notes)
+
+
+def lower(ep, user_files: tuple[str, ...] = ()) -> LoweredProgram:
+    from . import rules  # noqa: F401  (registers the rules)
+    return Lowering(ep, user_files).run()

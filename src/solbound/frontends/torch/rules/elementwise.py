@@ -1,0 +1,283 @@
+"""Elementwise operators: one map kernel each, with broadcasting.
+
+Each formula below is the scalar algorithm of the operator; its FLOPs are the
+scalar ops it names (e.g. exact GELU = 0.5*x*(1+erf(x/sqrt 2)): 4 vector ops
+and one special function).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ....ir.model import Call, Const
+from ..lower import LoweringError, OpCtx, rule
+from ._util import C, add, div, elementwise, f, mul, sub
+
+
+def _ew(*names: str, arity: int | None = None):
+    """Register ``fn(ctx, *operand_exprs) -> body`` as an elementwise rule.
+
+    Tensor operands are the positional args up to ``arity``; the rest are
+    options the formula reads from ``ctx``.
+    """
+    def deco(fn):
+        def lower(ctx: OpCtx) -> None:
+            n = arity if arity is not None else len(ctx.args)
+            ops = list(ctx.args[:n])
+            ctx.bind(elementwise(ctx, lambda *xs: fn(ctx, *xs), ops))
+        rule(*names)(lower)
+        return fn
+    return deco
+
+
+def _arg(ctx: OpCtx, i: int, name: str, default=None):
+    if len(ctx.args) > i:
+        return ctx.args[i]
+    return ctx.kwargs.get(name, default)
+
+
+# --- binary arithmetic -------------------------------------------------------
+
+@_ew("aten.add.Tensor", "aten.add.Scalar", arity=2)
+def _add(ctx, a, b):
+    alpha = ctx.kwargs.get("alpha", 1)
+    return add(a, mul(b, C(alpha)))
+
+
+@_ew("aten.sub.Tensor", "aten.sub.Scalar", "aten.rsub.Scalar", "aten.rsub.Tensor", arity=2)
+def _sub(ctx, a, b):
+    alpha = ctx.kwargs.get("alpha", 1)
+    if "rsub" in str(ctx.node.target):
+        a, b = b, a
+        return sub(a, mul(b, C(alpha)))
+    return sub(a, mul(b, C(alpha)))
+
+
+@_ew("aten.mul.Tensor", "aten.mul.Scalar", arity=2)
+def _mul(ctx, a, b):
+    return f("mul", a, b)
+
+
+@_ew("aten.div.Tensor", "aten.div.Scalar", "aten.div.Tensor_mode", "aten.div.Scalar_mode", arity=2)
+def _div(ctx, a, b):
+    mode = ctx.kwargs.get("rounding_mode")
+    q = f("div", a, b)
+    if mode == "floor":
+        return f("floor", q)
+    if mode == "trunc":
+        return f("trunc", q)
+    return q
+
+
+@_ew("aten.remainder.Tensor", "aten.remainder.Scalar", arity=2)
+def _remainder(ctx, a, b):
+    return f("mod", a, b)
+
+
+@_ew("aten.fmod.Tensor", "aten.fmod.Scalar", arity=2)
+def _fmod(ctx, a, b):
+    return sub(a, mul(f("trunc", f("div", a, b)), b))
+
+
+@_ew("aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow.Scalar", arity=2)
+def _pow(ctx, a, b):
+    if isinstance(b, Const) and b.value == 2:
+        return f("mul", a, a)
+    if isinstance(b, Const) and b.value == 1:
+        return a
+    if isinstance(b, Const) and b.value == 0.5:
+        return f("sqrt", a)
+    if isinstance(b, Const) and b.value == -1:
+        return f("recip", a)
+    return f("pow", a, b)
+
+
+@_ew("aten.maximum", "aten.fmax", arity=2)
+def _maximum(ctx, a, b):
+    return f("maximum", a, b)
+
+
+@_ew("aten.minimum", "aten.fmin", arity=2)
+def _minimum(ctx, a, b):
+    return f("minimum", a, b)
+
+
+@_ew("aten.atan2", arity=2)
+def _atan2(ctx, a, b):
+    return f("atan", f("div", a, b))
+
+
+for _name, _op in (("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"),
+                   ("ge", "ge")):
+    _ew(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar", arity=2)(
+        lambda ctx, a, b, _op=_op: f(_op, a, b))
+
+for _name, _op in (("logical_and", "and"), ("logical_or", "or"), ("logical_xor", "xor"),
+                   ("bitwise_and", "and"), ("bitwise_or", "or"), ("bitwise_xor", "xor")):
+    _ew(f"aten.{_name}", arity=2)(lambda ctx, a, b, _op=_op: f(_op, a, b))
+
+
+@_ew("aten.logical_not", "aten.bitwise_not", arity=1)
+def _not(ctx, a):
+    return f("not", a)
+
+
+@_ew("aten.where.self", "aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar",
+     arity=3)
+def _where(ctx, c, a, b):
+    return f("select", c, a, b)
+
+
+@_ew("aten.lerp.Scalar", "aten.lerp.Tensor", arity=3)
+def _lerp(ctx, a, b, w):
+    return add(a, mul(w, sub(b, a)))
+
+
+@_ew("aten.addcmul", arity=3)
+def _addcmul(ctx, a, b, c):
+    return add(a, mul(C(ctx.kwargs.get("value", 1)), mul(b, c)))
+
+
+@_ew("aten.addcdiv", arity=3)
+def _addcdiv(ctx, a, b, c):
+    return add(a, mul(C(ctx.kwargs.get("value", 1)), div(b, c)))
+
+
+# --- unary ------------------------------------------------------------------------
+
+for _name, _op in (("exp", "exp"), ("exp2", "exp2"), ("log", "log"), ("log2", "log2"),
+                   ("log1p", "log1p"), ("expm1", "expm1"), ("tanh", "tanh"), ("erf", "erf"),
+                   ("sqrt", "sqrt"), ("rsqrt", "rsqrt"), ("sigmoid", "sigmoid"), ("sin", "sin"),
+                   ("cos", "cos"), ("abs", "abs"), ("neg", "neg"), ("floor", "floor"),
+                   ("ceil", "ceil"), ("round", "round"), ("trunc", "trunc"), ("sign", "sign"),
+                   ("reciprocal", "recip"), ("atan", "atan"), ("erfinv", "erfinv"),
+                   ("isnan", "isnan")):
+    _ew(f"aten.{_name}", arity=1)(lambda ctx, a, _op=_op: f(_op, a))
+
+
+@_ew("aten.log10", arity=1)
+def _log10(ctx, a):
+    return mul(f("log", a), C(1.0 / math.log(10.0)))
+
+
+@_ew("aten.relu", arity=1)
+def _relu(ctx, a):
+    return f("maximum", a, C(0.0))
+
+
+@_ew("aten.gelu", arity=1)
+def _gelu(ctx, a):
+    if ctx.kwargs.get("approximate", "none") == "tanh":
+        inner = mul(C(math.sqrt(2.0 / math.pi)),
+                    add(a, mul(C(0.044715), mul(a, mul(a, a)))))
+        return mul(mul(C(0.5), a), add(C(1.0), f("tanh", inner)))
+    return mul(mul(C(0.5), a), add(C(1.0), f("erf", mul(a, C(1.0 / math.sqrt(2.0))))))
+
+
+@_ew("aten.silu", arity=1)
+def _silu(ctx, a):
+    return mul(a, f("sigmoid", a))
+
+
+@_ew("aten.elu", arity=1)
+def _elu(ctx, a):
+    alpha = _arg(ctx, 1, "alpha", 1.0)
+    scale = _arg(ctx, 2, "scale", 1.0)
+    in_scale = _arg(ctx, 3, "input_scale", 1.0)
+    neg = mul(C(alpha * scale), f("expm1", mul(a, C(in_scale))))
+    return f("select", f("gt", a, C(0.0)), mul(a, C(scale)), neg)
+
+
+@_ew("aten.hardtanh", "aten.clamp", "aten.clamp.Tensor", arity=1)
+def _clamp(ctx, a):
+    name = str(ctx.node.target)
+    if "hardtanh" in name:
+        lo, hi = _arg(ctx, 1, "min_val", -1.0), _arg(ctx, 2, "max_val", 1.0)
+    else:
+        lo, hi = _arg(ctx, 1, "min", None), _arg(ctx, 2, "max", None)
+    out = a
+    if lo is not None:
+        out = f("maximum", out, _scalar_or_load(ctx, lo))
+    if hi is not None:
+        out = f("minimum", out, _scalar_or_load(ctx, hi))
+    return out
+
+
+def _scalar_or_load(ctx, v):
+    if isinstance(v, (int, float)):
+        return C(v)
+    raise LoweringError("clamp with tensor bounds")
+
+
+@_ew("aten.clamp_min", arity=1)
+def _clamp_min(ctx, a):
+    return f("maximum", a, C(_arg(ctx, 1, "min")))
+
+
+@_ew("aten.clamp_max", arity=1)
+def _clamp_max(ctx, a):
+    return f("minimum", a, C(_arg(ctx, 1, "max")))
+
+
+@_ew("aten.leaky_relu", arity=1)
+def _leaky(ctx, a):
+    slope = _arg(ctx, 1, "negative_slope", 0.01)
+    return f("select", f("gt", a, C(0.0)), a, mul(a, C(slope)))
+
+
+@_ew("aten.hardsigmoid", arity=1)
+def _hardsigmoid(ctx, a):
+    return f("minimum", f("maximum", add(mul(a, C(1.0 / 6.0)), C(0.5)), C(0.0)), C(1.0))
+
+
+@_ew("aten.hardswish", arity=1)
+def _hardswish(ctx, a):
+    return mul(a, f("minimum", f("maximum", add(mul(a, C(1.0 / 6.0)), C(0.5)), C(0.0)), C(1.0)))
+
+
+@_ew("aten.softplus", arity=1)
+def _softplus(ctx, a):
+    beta = _arg(ctx, 1, "beta", 1.0)
+    thr = _arg(ctx, 2, "threshold", 20.0)
+    bx = mul(a, C(beta))
+    return f("select", f("gt", bx, C(thr)), a, div(f("log1p", f("exp", bx)), C(beta)))
+
+
+@_ew("aten.threshold", arity=1)
+def _threshold(ctx, a):
+    thr, val = _arg(ctx, 1, "threshold"), _arg(ctx, 2, "value")
+    return f("select", f("gt", a, C(thr)), a, C(val))
+
+
+@_ew("aten.mish", arity=1)
+def _mish(ctx, a):
+    return mul(a, f("tanh", f("log1p", f("exp", a))))
+
+
+@_ew("aten.logit", arity=1)
+def _logit(ctx, a):
+    return f("log", div(a, sub(C(1.0), a)))
+
+
+@_ew("aten.masked_fill.Scalar", "aten.masked_fill.Tensor", arity=3)
+def _masked_fill(ctx, a, m, v):
+    return f("select", m, v, a)
+
+
+# --- copies and casts -----------------------------------------------------------------
+
+@_ew("aten.clone", "aten.contiguous", "aten.lift_fresh_copy", "aten.alias_copy.default",
+     "aten.detach_copy", arity=1)
+def _clone(ctx, a):
+    return a
+
+
+@_ew("aten._to_copy", "aten.to.dtype", "aten._to_dtype", arity=1)
+def _to_copy(ctx, a):
+    return Call(f"to_{ctx.out_dtype}", (a,))
+
+
+@rule("aten.copy")
+def _copy(ctx: OpCtx) -> None:
+    # copy(dst, src): the result has dst's shape and dtype, src's values (broadcast)
+    ctx.bind(elementwise(ctx, lambda s: Call(f"to_{ctx.out_dtype}", (s,)), [ctx.args[1]]))

@@ -1,0 +1,171 @@
+"""Contractions: matrix products and convolutions.
+
+A contraction kernel is ``out[...] = sum(a[...] * b[...])``: |I| MACs, 2|I|
+FLOPs on the matrix unit. Bias and scaling are separate map kernels of the
+same operator (they share on-chip storage in the unfused bound).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ....ir.affine import Aff, Atom
+from ..lower import LoweringError, OpCtx, View, rule
+from ._util import C, add, bcast_index, dims_vars, mul
+
+
+def _matmul(ctx: OpCtx, a: View, b: View, out: View, batch: int) -> None:
+    """out[b..., m, n] = sum_k a[b..., m, k] * b[b..., k, n] (batch dims leading)."""
+    *bs, m, k = a.shape
+    n = b.shape[-1]
+    shape = out.shape
+    kb = ctx.builder(shape, [k])
+    idx = dims_vars(len(shape))
+    kk = Aff.var("r0")
+    ai = bcast_index(a, shape[:-1] + (k,), idx[:-1] + [kk])
+    bi = bcast_index(b, shape[:-2] + (k, n), idx[:-2] + [kk, idx[-1]])
+    body = mul(kb.load(a, ai), kb.load(b, bi))
+    ctx.emit(kb, out, idx, body, reduce="sum", unit="matmul")
+
+
+def _scale_add(ctx: OpCtx, prod: View, bias, beta, alpha, out: View) -> None:
+    shape = out.shape
+    kb = ctx.builder(shape)
+    idx = dims_vars(len(shape))
+    p = mul(kb.load(prod, idx), C(alpha))
+    if bias is not None and beta != 0:
+        bb = kb.load(bias, bcast_index(bias, shape, idx)) if isinstance(bias, View) else C(bias)
+        p = add(mul(bb, C(beta)), p)
+    ctx.emit(kb, out, idx, p)
+
+
+@rule("aten.mm", "aten.bmm")
+def mm(ctx: OpCtx) -> None:
+    a, b = ctx.args[:2]
+    out = ctx.output()
+    _matmul(ctx, a, b, out, a.ndim - 2)
+    ctx.bind(out)
+
+
+@rule("aten.addmm", "aten.baddbmm")
+def addmm(ctx: OpCtx) -> None:
+    bias, a, b = ctx.args[:3]
+    beta = ctx.kwargs.get("beta", 1)
+    alpha = ctx.kwargs.get("alpha", 1)
+    out = ctx.output()
+    t = ctx.new_tensor(out.shape, out.dtype, ctx.node.name + "_mm")
+    _matmul(ctx, a, b, t, a.ndim - 2)
+    _scale_add(ctx, t, bias, beta, alpha, out)
+    ctx.bind(out)
+
+
+def _spatial(guard: list, e: Aff, size: int, extents: dict[str, int]) -> None:
+    lo, hi = e.bounds(extents)
+    if lo < 0 or hi >= size:
+        guard.append(Atom(e, 0, size))
+
+
+@rule("aten.convolution")
+def convolution(ctx: OpCtx) -> None:
+    x, w, bias, stride, padding, dilation, transposed, output_padding, groups = ctx.args[:9]
+    out = ctx.output()
+    nsp = x.ndim - 2
+    if transposed:
+        conv_out = out if bias is None else ctx.new_tensor(out.shape, out.dtype,
+                                                            ctx.node.name + "_conv")
+        _conv_transposed(ctx, x, w, conv_out, stride, padding, dilation, groups, nsp)
+    else:
+        conv_out = out if bias is None else ctx.new_tensor(out.shape, out.dtype,
+                                                            ctx.node.name + "_conv")
+        _conv(ctx, x, w, conv_out, stride, padding, dilation, groups, nsp)
+    if bias is not None:
+        shape = out.shape
+        kb = ctx.builder(shape)
+        idx = dims_vars(len(shape))
+        ctx.emit(kb, out, idx, add(kb.load(conv_out, idx), kb.load(bias, [idx[1]])))
+    ctx.bind(out)
+
+
+def _conv(ctx, x: View, w: View, out: View, stride, padding, dilation, groups, nsp) -> None:
+    n, cin = x.shape[:2]
+    kout = w.shape[0]
+    cg, kg = cin // groups, kout // groups
+    osp = out.shape[2:]
+    rsp = w.shape[2:]
+    # loops: n, g, kk, p..., then reductions c, r...
+    dims = [("d0", n), ("g", groups), ("kk", kg)] + [(f"d{2 + i}", osp[i]) for i in range(nsp)]
+    red = [("c", cg)] + [(f"r{i}", rsp[i]) for i in range(nsp)]
+    from ..lower import KernelBuilder
+    kb = KernelBuilder(ctx.low, dims + red)
+    ext = dict(dims + red)
+    g, kk, c = Aff.var("g"), Aff.var("kk"), Aff.var("c")
+    chan_in = g * cg + c
+    chan_out = g * kg + kk
+    xs, guard = [], []
+    for i in range(nsp):
+        e = Aff.var(f"d{2 + i}") * stride[i] + Aff.var(f"r{i}") * dilation[i] - padding[i]
+        _spatial(guard, e, x.shape[2 + i], ext)
+        xs.append(e)
+    xa = kb.load(x, [Aff.var("d0"), chan_in] + xs)
+    wa = kb.load(w, [chan_out, c] + [Aff.var(f"r{i}") for i in range(nsp)])
+    out_idx = [Aff.var("d0"), chan_out] + [Aff.var(f"d{2 + i}") for i in range(nsp)]
+    ctx.emit(kb, out, out_idx, mul(xa, wa), reduce="sum", guard=tuple(guard), unit="conv")
+
+
+def _conv_transposed(ctx, x: View, w: View, out: View, stride, padding, dilation, groups,
+                     nsp) -> None:
+    """Output-stationary transposed convolution, one kernel per output residue class.
+
+    Output position ``p = ph*s + pl`` receives ``x[h] * w[r]`` where
+    ``h*s + r*d - pad = p``; for a fixed residue ``pl`` the contributing taps are
+    an arithmetic progression ``r = r0 + step*t``, so ``h`` is affine in
+    ``(ph, t)``: no zero-stuffing, no wasted MACs.
+    """
+    from ..lower import KernelBuilder
+    n, cin = x.shape[:2]
+    kg = w.shape[1]
+    cg = cin // groups
+    osp = out.shape[2:]
+    rsp = w.shape[2:]
+    per_dim = []
+    for i in range(nsp):
+        s, d, pad = stride[i], dilation[i], padding[i]
+        classes = []
+        for pl in range(s):
+            taps = [r for r in range(rsp[i]) if (pl + pad - r * d) % s == 0]
+            ph_n = -(-(osp[i] - pl) // s) if osp[i] > pl else 0
+            if ph_n == 0:
+                continue
+            if taps:
+                step = taps[1] - taps[0] if len(taps) > 1 else 1
+                classes.append((pl, ph_n, taps[0], step, len(taps)))
+            else:
+                classes.append((pl, ph_n, None, None, 0))
+        per_dim.append(classes)
+    import itertools
+    for combo in itertools.product(*per_dim):
+        empty = any(cl[4] == 0 for cl in combo)
+        dims = [("d0", n), ("g", groups), ("kk", kg)] + \
+               [(f"d{2 + i}", cl[1]) for i, cl in enumerate(combo)]
+        red = [] if empty else [("c", cg)] + [(f"r{i}", cl[4]) for i, cl in enumerate(combo)]
+        kb = KernelBuilder(ctx.low, dims + red)
+        ext = dict(dims + red)
+        g, kk = Aff.var("g"), Aff.var("kk")
+        out_idx = [Aff.var("d0"), g * kg + kk] + \
+                  [Aff.var(f"d{2 + i}") * stride[i] + cl[0] for i, cl in enumerate(combo)]
+        if empty:
+            ctx.emit(kb, out, out_idx, C(0.0))
+            continue
+        c = Aff.var("c")
+        hs, ws, guard = [], [], []
+        for i, (pl, ph_n, r0, step, nt) in enumerate(combo):
+            s, d, pad = stride[i], dilation[i], padding[i]
+            t = Aff.var(f"r{i}")
+            # h = (p + pad - r*d) / s with p = ph*s + pl, r = r0 + step*t
+            h = Aff.var(f"d{2 + i}") + (pl + pad - r0 * d) // s - t * (step * d // s)
+            _spatial(guard, h, x.shape[2 + i], ext)
+            hs.append(h)
+            ws.append(t * step + r0)
+        xa = kb.load(x, [Aff.var("d0"), g * cg + c] + hs)
+        wa = kb.load(w, [g * cg + c, kk] + ws)
+        ctx.emit(kb, out, out_idx, mul(xa, wa), reduce="sum", guard=tuple(guard), unit="conv")

@@ -1,0 +1,216 @@
+"""Constructors, concatenation, padding, indexing (indirect accesses), dropout."""
+
+from __future__ import annotations
+
+import math
+
+from ....ir.affine import Aff, Atom
+from ....ir.model import Access, Call, Const, Idx
+from ..lower import KernelBuilder, LoweringError, OpCtx, View, rule
+from ._util import C, add, dims_vars, mul, operand
+from .views import materialize
+
+
+def _fill(ctx: OpCtx, value) -> None:
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    v = value.item() if hasattr(value, "item") else value
+    if isinstance(v, float) and ctx.out_dtype in ("i64", "i32", "i16", "i8", "u8"):
+        v = int(v)
+    if ctx.out_dtype == "bool":
+        v = bool(v)
+    ctx.emit(kb, out, idx, Const(v))
+    ctx.bind(out)
+
+
+@rule("aten.full", "aten.full_like")
+def full(ctx: OpCtx) -> None:
+    _fill(ctx, ctx.args[1])
+
+
+@rule("aten.zeros", "aten.zeros_like", "aten.empty.memory_format", "aten.empty_like",
+      "aten.new_zeros", "aten.new_empty", "aten.empty_strided", "aten.new_empty_strided")
+def zeros(ctx: OpCtx) -> None:
+    _fill(ctx, 0)
+
+
+@rule("aten.ones", "aten.ones_like", "aten.new_ones")
+def ones(ctx: OpCtx) -> None:
+    _fill(ctx, 1)
+
+
+@rule("aten.scalar_tensor")
+def scalar_tensor(ctx: OpCtx) -> None:
+    _fill(ctx, ctx.args[0])
+
+
+@rule("aten.fill.Scalar", "aten.new_full")
+def fill(ctx: OpCtx) -> None:
+    _fill(ctx, ctx.args[1])
+
+
+@rule("aten.arange.start_step", "aten.arange.start", "aten.arange.default", "aten.arange")
+def arange(ctx: OpCtx) -> None:
+    a = list(ctx.args)
+    if len(a) == 1:
+        start, step = 0, 1
+    else:
+        start = a[0]
+        step = a[2] if len(a) > 2 else ctx.kwargs.get("step", 1)
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    d0 = Aff.var("d0")
+    if isinstance(start, int) and isinstance(step, int):
+        body = Idx(d0 * step + start)
+    else:
+        body = add(C(float(start)), mul(Idx(d0), C(float(step))))
+    ctx.emit(kb, out, [d0], Call(f"to_{ctx.out_dtype}", (body,)))
+    ctx.bind(out)
+
+
+@rule("aten.cat")
+def cat(ctx: OpCtx) -> None:
+    """One copy kernel per input, each writing its region of the output."""
+    tensors = [t for t in ctx.args[0] if isinstance(t, View)]
+    dim = ctx.args[1] if len(ctx.args) > 1 else ctx.kwargs.get("dim", 0)
+    out = ctx.output()
+    dim %= out.ndim
+    off = 0
+    for t in tensors:
+        if t.meta.numel() == 0:
+            continue
+        n = t.shape[dim]
+        region = View(out.base, out.meta.narrow(dim, off, n), out.base_shape)
+        kb = ctx.builder(t.shape)
+        idx = dims_vars(t.ndim)
+        ctx.emit(kb, region, idx, kb.load(t, idx))
+        off += n
+    ctx.bind(out)
+
+
+@rule("aten.constant_pad_nd")
+def constant_pad(ctx: OpCtx) -> None:
+    x, pad = ctx.args[0], list(ctx.args[1])
+    value = ctx.args[2] if len(ctx.args) > 2 else 0
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    xi = list(idx)
+    guard = []
+    for i in range(len(pad) // 2):
+        dim = out.ndim - 1 - i
+        lo = pad[2 * i]
+        e = idx[dim] - lo
+        xi[dim] = e
+        lo_b, hi_b = e.bounds(kb_ext(kb))
+        if lo_b < 0 or hi_b >= x.shape[dim]:
+            guard.append(Atom(e, 0, x.shape[dim]))
+    ctx.emit(kb, out, idx, kb.load(x, xi), guard=tuple(guard), fill=value)
+    ctx.bind(out)
+
+
+def kb_ext(kb: KernelBuilder) -> dict[str, int]:
+    return dict(kb.dims)
+
+
+def _table(ctx: OpCtx, v: View) -> View:
+    return v if v.is_full else materialize(ctx, v)
+
+
+@rule("aten.embedding")
+def embedding(ctx: OpCtx) -> None:
+    """out[..., e] = weight[ids[...], e]: an indirect access (a gather of rows)."""
+    w, ids = _table(ctx, ctx.args[0]), ctx.args[1]
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    ia = kb.load(ids, idx[:-1])
+    ctx.emit(kb, out, idx, Access(w.base, (ia, idx[-1])))
+    ctx.bind(out)
+
+
+@rule("aten.index_select")
+def index_select(ctx: OpCtx) -> None:
+    x, dim, index = _table(ctx, ctx.args[0]), ctx.args[1], ctx.args[2]
+    dim %= x.ndim
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    ia = kb.load(index, [idx[dim]])
+    xi = list(idx)
+    xi[dim] = ia
+    ctx.emit(kb, out, idx, Access(x.base, tuple(xi)))
+    ctx.bind(out)
+
+
+@rule("aten.gather")
+def gather(ctx: OpCtx) -> None:
+    x, dim, index = _table(ctx, ctx.args[0]), ctx.args[1], ctx.args[2]
+    dim %= x.ndim
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    ia = kb.load(index, idx)
+    xi = list(idx)
+    xi[dim] = ia
+    ctx.emit(kb, out, idx, Access(x.base, tuple(xi)))
+    ctx.bind(out)
+
+
+@rule("aten.index.Tensor")
+def index_tensor(ctx: OpCtx) -> None:
+    """x[i0, i1, ...] with index tensors on leading dims (None = full slice)."""
+    x, indices = _table(ctx, ctx.args[0]), list(ctx.args[1])
+    out = ctx.output()
+    tens = [t for t in indices if t is not None]
+    if any(t is None for t in indices[: len(tens)]) or not tens:
+        raise LoweringError("index.Tensor with non-leading or missing index tensors")
+    ishape = tuple(int(s) for s in __import__("torch").broadcast_shapes(*[t.shape for t in tens]))
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    bi = idx[: len(ishape)]
+    xi = []
+    for t in tens:
+        xi.append(operand(kb, t, ishape, bi))
+    rest = idx[len(ishape):]
+    xi += rest
+    if len(xi) != x.ndim:
+        raise LoweringError("index.Tensor shape mismatch")
+    ctx.emit(kb, out, idx, Access(x.base, tuple(xi)))
+    ctx.bind(out)
+
+
+@rule("aten.native_dropout")
+def dropout(ctx: OpCtx) -> None:
+    x, p, train = ctx.args[0], ctx.args[1], ctx.args[2]
+    out, mask = ctx.output(0), ctx.output(1)
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    if not train or p == 0:
+        ctx.emit(kb, out, idx, kb.load(x, idx))
+    else:
+        raise LoweringError(f"random dropout (p={p}) in training mode has no deterministic IR")
+    kb = ctx.builder(mask.shape)
+    ctx.emit(kb, mask, dims_vars(mask.ndim), Const(True))
+    ctx.bind([out, mask])
+
+
+@rule("aten.tril", "aten.triu")
+def tri(ctx: OpCtx) -> None:
+    x = ctx.args[0]
+    diag = ctx.args[1] if len(ctx.args) > 1 else 0
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    i, j = idx[-2], idx[-1]
+    # tril keeps j - i <= diag; triu keeps j - i >= diag
+    if "tril" in str(ctx.node.target):
+        guard = (Atom(i - j + diag, 0, None),)
+    else:
+        guard = (Atom(j - i - diag, 0, None),)
+    ctx.emit(kb, out, idx, kb.load(x, idx), guard=guard, fill=0.0)
+    ctx.bind(out)
+
+
+del math

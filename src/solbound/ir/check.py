@@ -1,0 +1,52 @@
+"""Structural checks of a :class:`~solbound.ir.model.Program` (no execution)."""
+
+from __future__ import annotations
+
+from .affine import Aff
+from .model import EXTERNAL_ROLES, Access, Idx, Program, walk
+
+
+class IRError(ValueError):
+    """A structurally invalid program (undeclared tensor, unknown loop variable, ...)."""
+
+
+def check_program(p: Program) -> None:
+    tensors = p.tensor_map
+    written: set[str] = set()
+    for k in p.kernels:
+        dims = k.extents
+        where = f"kernel {k.name}"
+
+        def check_aff(a: Aff, ctx: str) -> None:
+            for v in a.vars:
+                if v not in dims:
+                    raise IRError(f"{where}: {ctx} uses {v!r}, not a loop dimension")
+
+        for acc in [Access(k.out, k.out_index)] + [x for x in walk(k.body) if isinstance(x, Access)]:
+            if acc.tensor not in tensors:
+                raise IRError(f"{where}: unknown tensor {acc.tensor!r}")
+            if len(acc.index) != len(tensors[acc.tensor].shape):
+                raise IRError(f"{where}: {acc.tensor} has rank {len(tensors[acc.tensor].shape)}, "
+                              f"indexed with {len(acc.index)}")
+            for i in acc.index:
+                if isinstance(i, Aff):
+                    check_aff(i, f"index of {acc.tensor}")
+        for x in walk(k.body):
+            if isinstance(x, Idx):
+                check_aff(x.expr, "a value")
+            if isinstance(x, Access) and x.tensor not in written \
+                    and tensors[x.tensor].role not in EXTERNAL_ROLES:
+                raise IRError(f"{where}: reads {x.tensor} before any kernel writes it")
+        for atom in k.guard:
+            check_aff(atom.expr, "the guard")
+        if k.scan is not None and k.scan not in dims:
+            raise IRError(f"{where}: scan dimension {k.scan!r} is not a loop dimension")
+        for o in k.outputs:
+            if o in written:
+                raise IRError(f"{where}: {o} is written twice")
+            if tensors[o].role in EXTERNAL_ROLES:
+                raise IRError(f"{where}: writes {o}, a {tensors[o].role}")
+            written.add(o)
+    for t in p.tensors:
+        if t.role == "output" and t.name not in written:
+            raise IRError(f"output {t.name} is never written")

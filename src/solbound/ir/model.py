@@ -1,0 +1,257 @@
+"""The loop IR data model: tensors, scalar expressions, kernels, programs.
+
+This module knows nothing about any framework. A :class:`Program` is an ordered
+list of :class:`Kernel` over named :class:`TensorDecl`. A kernel is a perfect
+loop nest over named dimensions with static extents; it writes one output
+(an argmax-style reduction may carry a second), its body is a scalar
+expression tree over affine (or marked-indirect) accesses, and it either maps,
+reduces over the dimensions missing from its output index, or scans along one
+dimension.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterator, Union
+
+from .affine import Aff, Atom, Guard
+
+# ----------------------------------------------------------------------------
+# dtypes
+
+DTYPE_BYTES: dict[str, int] = {
+    "f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8e4m3": 1, "f8e5m2": 1,
+    "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1,
+    "c64": 8, "c128": 16,
+}
+FLOAT_DTYPES = frozenset({"f64", "f32", "f16", "bf16", "f8e4m3", "f8e5m2"})
+
+ROLES = ("input", "parameter", "buffer", "constant", "intermediate", "output")
+# roles whose storage lives in DRAM before the program starts
+EXTERNAL_ROLES = frozenset({"input", "parameter", "buffer", "constant"})
+
+
+@dataclass(frozen=True)
+class TensorDecl:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str = "intermediate"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"tensor {self.name}: unknown dtype {self.dtype!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"tensor {self.name}: unknown role {self.role!r}")
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+# ----------------------------------------------------------------------------
+# scalar ops: name -> (arity, execution unit). ``None`` unit means no arithmetic
+# (a type conversion); every other op is one FLOP on its unit.
+
+VECTOR, SPECIAL, MATRIX = "vector", "special", "matrix"
+
+SCALAR_OPS: dict[str, tuple[int, str | None]] = {
+    # arithmetic (infix in the text form)
+    "add": (2, VECTOR), "sub": (2, VECTOR), "mul": (2, VECTOR), "div": (2, VECTOR),
+    "neg": (1, VECTOR), "mod": (2, VECTOR), "floordiv": (2, VECTOR),
+    # comparisons and logic (infix)
+    "lt": (2, VECTOR), "le": (2, VECTOR), "gt": (2, VECTOR), "ge": (2, VECTOR),
+    "eq": (2, VECTOR), "ne": (2, VECTOR), "and": (2, VECTOR), "or": (2, VECTOR),
+    "xor": (2, VECTOR), "not": (1, VECTOR),
+    # named vector functions
+    "maximum": (2, VECTOR), "minimum": (2, VECTOR), "abs": (1, VECTOR),
+    "select": (3, VECTOR), "floor": (1, VECTOR), "ceil": (1, VECTOR),
+    "round": (1, VECTOR), "trunc": (1, VECTOR), "sign": (1, VECTOR),
+    "fma": (3, VECTOR), "isnan": (1, VECTOR),
+    # special functions (transcendentals; one special-function-unit op each)
+    "exp": (1, SPECIAL), "exp2": (1, SPECIAL), "log": (1, SPECIAL), "log2": (1, SPECIAL),
+    "log1p": (1, SPECIAL), "expm1": (1, SPECIAL), "tanh": (1, SPECIAL),
+    "erf": (1, SPECIAL), "sqrt": (1, SPECIAL), "rsqrt": (1, SPECIAL),
+    "recip": (1, SPECIAL), "sigmoid": (1, SPECIAL), "sin": (1, SPECIAL),
+    "cos": (1, SPECIAL), "pow": (2, SPECIAL), "atan": (1, SPECIAL),
+    "erfinv": (1, SPECIAL),
+}
+# type conversions: ``to_f32(x)`` etc.
+for _dt in DTYPE_BYTES:
+    SCALAR_OPS[f"to_{_dt}"] = (1, None)
+
+INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%", "floordiv": "//",
+         "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
+         "and": "&", "or": "|", "xor": "^"}
+PREFIX = {"neg": "-", "not": "~"}
+
+REDUCE_OPS = {"sum": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf,
+              "any": False, "all": True, "argmax": None, "argmin": None}
+SCAN_OPS = {"cumsum": "sum", "cumprod": "prod", "cummax": "max", "cummin": "min"}
+
+# ----------------------------------------------------------------------------
+# expressions
+
+
+@dataclass(frozen=True)
+class Access:
+    """``tensor[index...]``. An index is affine in the loop variables or, when
+    data-dependent, another :class:`Access` (an indirect access)."""
+
+    tensor: str
+    index: tuple[Union[Aff, "Access"], ...]
+
+    @property
+    def indirect(self) -> bool:
+        return any(isinstance(i, Access) for i in self.index)
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float | int | bool
+
+
+@dataclass(frozen=True)
+class Idx:
+    """The value of an affine combination of loop variables (e.g. ``i - j``)."""
+
+    expr: Aff
+
+
+@dataclass(frozen=True)
+class Call:
+    op: str
+    args: tuple["Expr", ...]
+
+    def __post_init__(self) -> None:
+        if self.op not in SCALAR_OPS:
+            raise ValueError(f"unknown scalar op {self.op!r}")
+        arity = SCALAR_OPS[self.op][0]
+        if len(self.args) != arity:
+            raise ValueError(f"{self.op} takes {arity} operands, got {len(self.args)}")
+
+
+Expr = Union[Access, Const, Idx, Call]
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Pre-order traversal, including accesses nested in indirect indices."""
+    yield e
+    if isinstance(e, Call):
+        for a in e.args:
+            yield from walk(a)
+    elif isinstance(e, Access):
+        for i in e.index:
+            if isinstance(i, Access):
+                yield from walk(i)
+
+
+def accesses(e: Expr) -> list[Access]:
+    return [x for x in walk(e) if isinstance(x, Access)]
+
+
+def subst_expr(e: Expr, mapping: dict[str, Aff]) -> Expr:
+    """Substitute loop variables by affine expressions everywhere in ``e``."""
+    if isinstance(e, Access):
+        return Access(e.tensor, tuple(subst_expr(i, mapping) if isinstance(i, Access)
+                                      else i.subst(mapping) for i in e.index))
+    if isinstance(e, Idx):
+        return Idx(e.expr.subst(mapping))
+    if isinstance(e, Call):
+        return Call(e.op, tuple(subst_expr(a, mapping) for a in e.args))
+    return e
+
+
+def rename_tensors(e: Expr, mapping: dict[str, str]) -> Expr:
+    if isinstance(e, Access):
+        return Access(mapping.get(e.tensor, e.tensor),
+                      tuple(rename_tensors(i, mapping) if isinstance(i, Access) else i
+                            for i in e.index))
+    if isinstance(e, Call):
+        return Call(e.op, tuple(rename_tensors(a, mapping) for a in e.args))
+    return e
+
+
+# ----------------------------------------------------------------------------
+# kernels and programs
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One perfect loop nest writing ``out[out_index]``.
+
+    * ``reduce`` is ``None`` (a map: every point writes its own element), a
+      reduction op (``sum``, ``max``, ..., ``argmax``) over the dimensions that do
+      not appear in ``out_index``, or a scan op (``cumsum``, ...) along ``scan``.
+    * ``guard`` restricts the points that evaluate the body. For a reduction the
+      other points contribute nothing; for a map they write ``fill``.
+    * ``out2`` is the second output of ``argmax``/``argmin`` (the value).
+    * ``op``/``opname``/``src`` name the framework operator this kernel belongs to
+      (kernels sharing ``op`` are one library call), ``unit`` is a hint of the
+      class of contraction (``matmul``, ``conv``, ``attention``) used by the
+      precision policy.
+    """
+
+    name: str
+    dims: tuple[tuple[str, int], ...]
+    out: str
+    out_index: tuple[Aff, ...]
+    body: Expr
+    reduce: str | None = None
+    guard: Guard = ()
+    fill: float | int | bool = 0
+    scan: str | None = None
+    out2: str | None = None
+    op: str = ""
+    opname: str = ""
+    src: str = ""
+    unit: str = ""
+
+    @property
+    def extents(self) -> dict[str, int]:
+        return dict(self.dims)
+
+    @property
+    def out_vars(self) -> set[str]:
+        return {v for a in self.out_index for v in a.vars}
+
+    @property
+    def reduce_vars(self) -> tuple[str, ...]:
+        if self.reduce is None or self.scan is not None:
+            return ()
+        used = self.out_vars
+        return tuple(d for d, _ in self.dims if d not in used)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.out,) if self.out2 is None else (self.out, self.out2)
+
+    def inputs(self) -> list[Access]:
+        return accesses(self.body)
+
+    def with_(self, **kw) -> "Kernel":
+        return replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class Program:
+    tensors: tuple[TensorDecl, ...]
+    kernels: tuple[Kernel, ...]
+    # free-form notes the frontend attaches (assumptions, e.g. indirect traffic)
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def tensor_map(self) -> dict[str, TensorDecl]:
+        return {t.name: t for t in self.tensors}
+
+    def by_role(self, *roles: str) -> list[TensorDecl]:
+        return [t for t in self.tensors if t.role in roles]
