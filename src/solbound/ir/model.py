@@ -85,6 +85,10 @@ SCALAR_OPS: dict[str, tuple[int, str | None]] = {
     "cos": (1, SPECIAL), "pow": (2, SPECIAL), "atan": (1, SPECIAL),
     "erfinv": (1, SPECIAL),
 }
+# special functions with a hardware special-function-unit instruction (one each, at
+# least); the others (erf, atan, erfinv) are polynomial code on the vector pipe
+SFU_OPS = frozenset({"exp", "exp2", "log", "log2", "log1p", "expm1", "tanh", "sqrt", "rsqrt",
+                     "recip", "sigmoid", "sin", "cos", "pow"})
 # type conversions: ``to_f32(x)`` etc.
 for _dt in DTYPE_BYTES:
     SCALAR_OPS[f"to_{_dt}"] = (1, None)

@@ -1,0 +1,229 @@
+"""Mechanical counts from the einsum graph: MACs, FLOPs per unit, DRAM bytes.
+
+* ``points`` = |I|, the guarded iteration-space size (exact).
+* FLOPs = points x (distinct scalar ops in the body, plus one accumulation per
+  point when the kernel reduces or scans). Identical sub-expressions are
+  computed once (structural CSE). A contraction (``sum(a*b)`` tagged as a
+  matmul/conv/attention) is ``points`` MACs = ``2*points`` matrix FLOPs.
+* Bytes: the exact footprint of each access times the element size.
+  *Unfused*: each framework operator (kernel group) reads the footprint of
+  every tensor it consumes from outside the group and writes every tensor it
+  produces that is read outside the group or is a program output.
+  *Fused*: program inputs, parameters, buffers and constants are read once
+  (their footprint), program outputs written once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..graph.einsum import MATRIX_UNITS, Einsum, Graph, _strip_cast
+from ..ir.model import (EXTERNAL_ROLES, MATRIX, SCALAR_OPS, SFU_OPS, SPECIAL, VECTOR, Access,
+                        Call, Kernel, walk)
+from .footprint import Footprint, access_footprint, domain_size
+
+
+@dataclass
+class KernelCounts:
+    name: str
+    op: str
+    opname: str
+    src: str
+    kind: str
+    points: int
+    macs: int
+    flops: dict[str, int]            # unit -> FLOPs (matrix, vector, special)
+    matrix_class: str                # matmul | conv | attention | "" (for the precision policy)
+    dtype: str                       # dtype of the matrix operands or of the output
+    reads: dict[str, list[tuple[tuple, Footprint]]]   # tensor -> (access key, footprint)
+    writes: dict[str, Footprint]
+    einsum: str
+    ops_per_point: dict[str, int]
+    sfu_per_point: int = 0
+
+    @property
+    def total_flops(self) -> int:
+        return sum(self.flops.values())
+
+
+def _body_ops(k: Kernel) -> tuple[dict[str, int], int]:
+    """Distinct scalar ops per unit (structural CSE), and how many use the SFU."""
+    seen: set = set()
+    per_unit: dict[str, int] = defaultdict(int)
+    sfu = 0
+    for e in walk(k.body):
+        if isinstance(e, Call) and e not in seen:
+            seen.add(e)
+            unit = SCALAR_OPS[e.op][1]
+            if unit is not None:
+                per_unit[unit] += 1
+            sfu += e.op in SFU_OPS
+    return dict(per_unit), sfu
+
+
+def _access_key(acc: Access, ext: dict[str, int], guard) -> tuple:
+    """A name-independent key: equal keys touch the same elements."""
+    order: dict[str, str] = {}
+
+    def ren(a):
+        if isinstance(a, Access):
+            return (a.tensor, tuple(ren(i) for i in a.index))
+        for v in a.vars:
+            order.setdefault(v, f"v{len(order)}")
+        return str(a.rename(order))
+    idx = ren(acc)
+    atoms = tuple(sorted(str(type(a)(a.expr.rename(order), a.lo, a.hi)) for a in guard
+                         if set(a.expr.vars) <= set(order)))
+    coupled = any(set(a.expr.vars) & set(order) and not set(a.expr.vars) <= set(order)
+                  for a in guard)
+    return (idx, tuple(ext[v] for v in order), atoms, coupled and str(guard))
+
+
+def _union(fps: list[Footprint], numel: int) -> Footprint:
+    """Union of distinct footprints of one tensor: full if any is full, else the
+    sum capped at the tensor size (exact when the regions are disjoint)."""
+    if not fps:
+        return Footprint(0, True)
+    if any(f.elements >= numel for f in fps):
+        return Footprint(numel, all(f.exact for f in fps))
+    if len(fps) == 1:
+        return fps[0]
+    return Footprint(min(numel, sum(f.elements for f in fps)), False,
+                     "union of partial footprints taken as their sum (exact if disjoint)")
+
+
+def count_kernel(n: Einsum, tensors) -> KernelCounts:
+    k = n.kernel
+    ext = k.extents
+    points = domain_size(ext, k.guard)
+    body, sfu = _body_ops(k)
+    flops: dict[str, int] = {MATRIX: 0, VECTOR: 0, SPECIAL: 0}
+    macs = 0
+    matrix_class = ""
+    dtype = tensors[k.out].dtype
+    if n.kind == "contraction":
+        macs = points
+        a = _strip_cast(k.body.args[0])
+        dtype = tensors[a.tensor].dtype
+        if k.unit in MATRIX_UNITS:
+            matrix_class = k.unit
+            flops[MATRIX] += 2 * points
+        else:
+            flops[VECTOR] += 2 * points
+        per_point = {MATRIX if matrix_class else VECTOR: 2}
+        sfu = 0
+    else:
+        for unit, c in body.items():
+            flops[unit] += c * points
+        per_point = dict(body)
+        if k.reduce is not None:
+            flops[VECTOR] += points
+            per_point[VECTOR] = per_point.get(VECTOR, 0) + 1
+            if k.reduce == "sum" and isinstance(k.body, Call) and k.body.op == "mul":
+                macs = points
+    # footprints: distinct accesses per tensor
+    reads: dict[str, list[tuple[tuple, Footprint]]] = defaultdict(list)
+    for acc in n.operands:
+        t = tensors[acc.tensor]
+        key = _access_key(acc, ext, k.guard)
+        if all(key != kk for kk, _ in reads[acc.tensor]):
+            reads[acc.tensor].append((key, access_footprint(acc, t.shape, ext, k.guard)))
+    reads = dict(reads)
+    writes = {}
+    for o in k.outputs:
+        t = tensors[o]
+        writes[o] = access_footprint(Access(o, k.out_index), t.shape, ext, ())
+    return KernelCounts(k.name, k.op or k.name, k.opname, k.src, n.kind, points, macs, flops,
+                        matrix_class, dtype, reads, writes, n.signature, per_point, sfu)
+
+
+@dataclass
+class Traffic:
+    bytes: int
+    reads: dict[str, int]            # tensor -> bytes
+    writes: dict[str, int]
+    exact: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GroupCounts:
+    op: str
+    opname: str
+    src: str
+    kernels: list[int]
+    macs: int
+    flops: dict[str, int]
+    traffic: Traffic                 # unfused traffic of this operator
+
+
+@dataclass
+class ProgramCounts:
+    kernels: list[KernelCounts]
+    groups: list[GroupCounts]
+    macs: int
+    flops: dict[str, int]
+    unfused: Traffic
+    fused: Traffic
+
+
+def _traffic(kcs: list[KernelCounts], idxs: list[int], tensors, read_filter, write_filter) -> Traffic:
+    reads: dict[str, list[Footprint]] = defaultdict(list)
+    writes: dict[str, list[Footprint]] = defaultdict(list)
+    for i in idxs:
+        for t, lst in kcs[i].reads.items():
+            if read_filter(t):
+                reads[t].extend(lst)
+        for t, fp in kcs[i].writes.items():
+            if write_filter(t):
+                writes[t].append(fp)
+    rb, wb, exact, notes = {}, {}, True, []
+    for t, fps in reads.items():
+        u = _union(_dedupe(fps), tensors[t].numel)
+        rb[t] = u.elements * tensors[t].itemsize
+        exact &= u.exact
+        if u.note and u.note not in notes:
+            notes.append(f"{t}: {u.note}")
+    for t, fps in writes.items():
+        u = _union(fps, tensors[t].numel)
+        wb[t] = u.elements * tensors[t].itemsize
+    return Traffic(sum(rb.values()) + sum(wb.values()), rb, wb, exact, notes)
+
+
+def _dedupe(fps: list[tuple[tuple, Footprint]]) -> list[Footprint]:
+    """Accesses with the same key touch the same elements: count them once."""
+    seen: dict[tuple, Footprint] = {}
+    for key, fp in fps:
+        seen.setdefault(key, fp)
+    return list(seen.values())
+
+
+def count_program(g: Graph) -> ProgramCounts:
+    tensors = g.program.tensor_map
+    kcs = [count_kernel(n, tensors) for n in g.nodes]
+    groups = []
+    for op, idxs in g.groups.items():
+        inside = set(idxs)
+        produced_here = {o for i in idxs for o in g.nodes[i].kernel.outputs}
+
+        def read_f(t, produced_here=produced_here):
+            return t not in produced_here
+
+        def write_f(t, inside=inside):
+            if tensors[t].role == "output":
+                return True
+            return any(c not in inside for c in g.consumers.get(t, []))
+        tr = _traffic(kcs, idxs, tensors, read_f, write_f)
+        flops = {u: sum(kcs[i].flops[u] for i in idxs) for u in (MATRIX, VECTOR, SPECIAL)}
+        first = kcs[idxs[0]]
+        groups.append(GroupCounts(op, first.opname, first.src, idxs,
+                                  sum(kcs[i].macs for i in idxs), flops, tr))
+    all_idx = list(range(len(kcs)))
+    fused = _traffic(kcs, all_idx, tensors, lambda t: tensors[t].role in EXTERNAL_ROLES,
+                     lambda t: tensors[t].role == "output")
+    unfused = Traffic(sum(gc.traffic.bytes for gc in groups), {}, {},
+                      all(gc.traffic.exact for gc in groups),
+                      [n for gc in groups for n in gc.traffic.notes])
+    flops = {u: sum(k.flops[u] for k in kcs) for u in (MATRIX, VECTOR, SPECIAL)}
+    return ProgramCounts(kcs, groups, sum(k.macs for k in kcs), flops, unfused, fused)

@@ -1,0 +1,75 @@
+"""The one-call Python API: ``solbound.analyze(module, inputs, arch=...)``."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Sequence
+
+from .analysis.counts import count_program
+from .bounds.roofline import Policy, program_bounds
+from .graph.einsum import build_graph
+from .hardware.catalog import Spec, parse_archs
+from .report.report import Report
+
+
+def _specs(arch) -> list[Spec]:
+    if arch is None or isinstance(arch, str):
+        return parse_archs(arch)
+    return [a if isinstance(a, Spec) else parse_archs(a)[0] for a in arch]
+
+
+def analyze_lowered(lowered, *, source: str, arch=None, precision_policy: str | Policy | None = None,
+                    timings: dict | None = None) -> Report:
+    """Counts and bounds for an already-lowered program (IR stage onwards)."""
+    t0 = time.perf_counter()
+    policy = precision_policy if isinstance(precision_policy, Policy) else Policy.parse(precision_policy)
+    specs = _specs(arch)
+    graph = build_graph(lowered.program)
+    counts = count_program(graph)
+    bounds = [b for s in specs for b in program_bounds(counts, s, policy)]
+    timings = dict(timings or {})
+    timings["analysis_s"] = time.perf_counter() - t0
+    return Report(source=source, lowered=lowered, graph=graph, counts=counts, specs=specs,
+                  policy=policy, bounds=bounds, timings=timings)
+
+
+def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = None,
+            source: str | None = None, validate: bool = False, **validate_opts) -> Report:
+    """Analyze ``module(*inputs)``: capture, lower to the loop IR, count, bound.
+
+    ``inputs`` may be real or meta tensors; capture itself runs on fake tensors.
+    ``arch`` is a comma-separated string of catalog ids, a list of ids/specs, or
+    ``None`` for the default set.
+    """
+    from .frontends.torch.capture import export_program
+    from .frontends.torch.lower import lower
+
+    src = source or type(module).__name__
+    t0 = time.perf_counter()
+    ep = export_program(module, tuple(inputs), src)
+    t1 = time.perf_counter()
+    user_files = (source,) if source and os.path.exists(source) else ()
+    lowered = lower(ep, user_files)
+    t2 = time.perf_counter()
+    rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
+                          timings={"export_s": t1 - t0, "lower_s": t2 - t1})
+    if validate:
+        from .validate.golden import validate_report
+        validate_report(rep, module, tuple(inputs), **validate_opts)
+    return rep
+
+
+def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
+                   validate: bool = False, **validate_opts) -> Report:
+    """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``."""
+    from .frontends.torch.capture import load_problem
+
+    problem = load_problem(spec)
+    model, inputs = problem.build("meta")
+    rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec)
+    rep.problem = problem
+    if validate:
+        from .validate.golden import validate_report
+        validate_report(rep, None, None, problem=problem, **validate_opts)
+    return rep

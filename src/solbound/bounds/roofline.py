@@ -1,0 +1,184 @@
+"""Roofline bounds per chip and fidelity, with the precision policy.
+
+``T = max(T_compute, T_memory)``; ``T_memory = bytes / DRAM bandwidth``;
+``T_compute = max over pipes (work on that pipe / its peak)``: pipes run
+concurrently, so the max is a lower bound.
+
+Which pipe a kernel's work runs on follows what PyTorch does by default (the
+*precision policy*): fp32 matmuls on the vector FP32 pipe (no TF32,
+``torch.backends.cuda.matmul.allow_tf32 = False``), fp32 convolutions and
+attention on TF32 tensor cores (``torch.backends.cudnn.allow_tf32 = True``),
+fp16/bf16 contractions on tensor cores at their dtype's rate. Vector work runs
+on the vector pipe of its dtype; transcendental functions that map to the
+special-function unit (MUFU) load that pipe, one op each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..analysis.counts import KernelCounts, ProgramCounts
+from ..hardware.catalog import Spec
+
+DEFAULT_POLICY = {
+    ("matmul", "f32"): "fp32", ("conv", "f32"): "tf32", ("attention", "f32"): "tf32",
+}
+CLASSES = ("matmul", "conv", "attention")
+MATRIX_PIPE = {"f16": "tensor_fp16", "bf16": "tensor_bf16", "f64": "tensor_fp64",
+               "i8": "tensor_int8", "u8": "tensor_int8", "f8e4m3": "tensor_fp8",
+               "f8e5m2": "tensor_fp8"}
+VECTOR_PIPE = {"f64": "vector_fp64", "f16": "vector_fp16", "bf16": "vector_bf16"}
+# pipes to try, in order, when a chip lacks one (each substitution is reported)
+FALLBACK = {
+    "vector_bf16": ["vector_fp16", "vector_fp32"],
+    "vector_fp16": ["vector_fp32"],
+    "vector_fp64": ["tensor_fp64", "vector_fp32"],
+    "tensor_fp64": ["vector_fp64"],
+    "tensor_tf32": ["vector_fp32", "tensor_bf16"],
+    "vector_fp32": ["tensor_tf32", "tensor_bf16"],
+    "tensor_fp8": ["tensor_fp16", "tensor_bf16"],
+    "tensor_int8": ["tensor_fp16", "tensor_bf16"],
+    "tensor_fp16": ["tensor_bf16"],
+    "tensor_bf16": ["tensor_fp16"],
+    "sfu": ["vector_fp32", "tensor_bf16"],
+}
+
+
+class PolicyError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Policy:
+    """fp32 contraction class -> ``fp32`` (vector pipe) or ``tf32`` (tensor cores)."""
+
+    fp32: dict[str, str] = field(default_factory=lambda: {c: DEFAULT_POLICY[(c, "f32")]
+                                                          for c in CLASSES})
+
+    @staticmethod
+    def parse(text: str | None) -> "Policy":
+        """``default``, ``tf32`` / ``fp32`` (all classes), or ``matmul=tf32,conv=fp32``."""
+        p = dict(Policy().fp32)
+        if not text or text == "default":
+            return Policy(p)
+        for part in text.split(","):
+            part = part.strip()
+            if part in ("tf32", "fp32"):
+                p = {c: part for c in CLASSES}
+                continue
+            key, eq, val = part.partition("=")
+            if not eq or key not in CLASSES or val not in ("tf32", "fp32"):
+                raise PolicyError(f"bad precision policy {part!r}: use default, tf32, fp32 or "
+                                  f"CLASS=tf32|fp32 with CLASS in {', '.join(CLASSES)}")
+            p[key] = val
+        return Policy(p)
+
+    def describe(self) -> str:
+        return ", ".join(f"fp32 {c}: {'TF32 tensor cores' if v == 'tf32' else 'FP32 vector pipe'}"
+                         for c, v in self.fp32.items())
+
+    def matrix_pipe(self, cls: str, dtype: str) -> str:
+        if dtype == "f32":
+            return "tensor_tf32" if self.fp32.get(cls, "fp32") == "tf32" else "vector_fp32"
+        return MATRIX_PIPE.get(dtype, "vector_fp32")
+
+
+def kernel_pipe_work(k: KernelCounts, policy: Policy) -> dict[str, float]:
+    """Work (ops) this kernel puts on each pipe."""
+    work: dict[str, float] = {}
+
+    def put(pipe: str, n: float) -> None:
+        if n:
+            work[pipe] = work.get(pipe, 0.0) + n
+    if k.flops.get("matrix"):
+        put(policy.matrix_pipe(k.matrix_class, k.dtype), k.flops["matrix"])
+    vpipe = VECTOR_PIPE.get(k.dtype, "vector_fp32")
+    put(vpipe, k.flops.get("vector", 0))
+    sfu = k.points * k.sfu_per_point
+    put("sfu", sfu)
+    # special functions without a MUFU instruction (erf, atan, ...) run on the vector pipe
+    put(vpipe, k.flops.get("special", 0) - sfu)
+    return work
+
+
+def resolve_peak(spec: Spec, pipe: str) -> tuple[str, float, str]:
+    """(pipe used, peak, note); the note names any substitution."""
+    if spec.peak(pipe):
+        return pipe, spec.peak(pipe), ""
+    for alt in FALLBACK.get(pipe, []):
+        if spec.peak(alt):
+            return alt, spec.peak(alt), f"{spec.id} has no {pipe} peak: {alt} used"
+    best = max(spec.peaks.items(), key=lambda kv: kv[1])
+    return best[0], best[1], f"{spec.id} has no {pipe} peak: its highest peak ({best[0]}) used"
+
+
+@dataclass
+class Bound:
+    arch: str
+    mode: str
+    seconds: float
+    compute_seconds: float
+    memory_seconds: float
+    bound: str
+    bytes: int
+    flops: int
+    intensity: float
+    pipe_seconds: dict[str, float]
+    peaks: dict[str, float]
+    bandwidth: float
+    notes: list[str]
+    serial_seconds: float | None = None
+
+
+def _compute(work: dict[str, float], spec: Spec, notes: list[str]) -> tuple[float, dict, dict]:
+    per_pipe: dict[str, float] = {}
+    peaks: dict[str, float] = {}
+    for pipe, n in sorted(work.items()):
+        used, peak, note = resolve_peak(spec, pipe)
+        if note and note not in notes:
+            notes.append(note)
+        per_pipe[used] = per_pipe.get(used, 0.0) + n / peak
+        peaks[used] = peak
+    return (max(per_pipe.values()) if per_pipe else 0.0), per_pipe, peaks
+
+
+def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy) -> list[Bound]:
+    work: dict[str, float] = {}
+    for k in pc.kernels:
+        for p, n in kernel_pipe_work(k, policy).items():
+            work[p] = work.get(p, 0.0) + n
+    notes: list[str] = []
+    t_c, per_pipe, peaks = _compute(work, spec, notes)
+    total_flops = sum(pc.flops.values())
+    out = []
+    for mode, traffic in (("unfused", pc.unfused), ("fused", pc.fused)):
+        t_m = traffic.bytes / spec.bandwidth
+        serial = None
+        if mode == "unfused":
+            serial = 0.0
+            for g in pc.groups:
+                gw: dict[str, float] = {}
+                for i in g.kernels:
+                    for p, n in kernel_pipe_work(pc.kernels[i], policy).items():
+                        gw[p] = gw.get(p, 0.0) + n
+                serial += max(_compute(gw, spec, [])[0], g.traffic.bytes / spec.bandwidth)
+        t = max(t_c, t_m)
+        out.append(Bound(spec.id, mode, t, t_c, t_m, "compute" if t_c >= t_m else "memory",
+                         traffic.bytes, total_flops,
+                         total_flops / traffic.bytes if traffic.bytes else float("inf"),
+                         per_pipe, peaks, spec.bandwidth, list(notes), serial))
+    return out
+
+
+def group_seconds(pc: ProgramCounts, spec: Spec, policy: Policy) -> list[tuple[float, float, float]]:
+    """Per framework operator: (time, compute, memory) in the unfused model."""
+    res = []
+    for g in pc.groups:
+        gw: dict[str, float] = {}
+        for i in g.kernels:
+            for p, n in kernel_pipe_work(pc.kernels[i], policy).items():
+                gw[p] = gw.get(p, 0.0) + n
+        c = _compute(gw, spec, [])[0]
+        m = g.traffic.bytes / spec.bandwidth
+        res.append((max(c, m), c, m))
+    return res

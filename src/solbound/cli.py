@@ -1,0 +1,168 @@
+"""The ``solbound`` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _err(msg: str, code: int = 2) -> int:
+    print(f"solbound: error: {msg}", file=sys.stderr)
+    return code
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", help="FILE.py (KernelBench convention: Model, get_inputs, "
+                                   "get_init_inputs) or pkg.module:factory")
+    p.add_argument("--arch", default=None,
+                   help="comma-separated chip ids (see `solbound chips`), 'all', or a spec .toml")
+    p.add_argument("--precision-policy", default=None,
+                   help="default | tf32 | fp32 | matmul=tf32,conv=fp32,attention=fp32")
+
+
+def cmd_analyze(a) -> int:
+    from .api import analyze_source
+    rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
+                         validate=a.validate, **_vopts(a))
+    if a.json:
+        _write(a.json, rep.to_json())
+    if not a.quiet:
+        rep.render(top=a.top)
+    if a.validate and rep.validation and rep.validation.get("status") == "failed":
+        return 1
+    return 0
+
+
+def _vopts(a) -> dict:
+    opts = {}
+    if getattr(a, "max_seconds", None) is not None:
+        opts["max_seconds"] = a.max_seconds
+    if getattr(a, "max_bytes", None) is not None:
+        opts["max_bytes"] = int(a.max_bytes * 2**30)
+    return opts
+
+
+def _write(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def cmd_ir(a) -> int:
+    from .api import analyze_source
+    from .ir.text import print_program
+    rep = analyze_source(a.program, arch=None)
+    text = print_program(rep.program)
+    _write(a.output or "-", text)
+    if rep.unsupported:
+        for u in rep.unsupported:
+            print(f"solbound: unsupported {u.operator} at {u.source or '?'}: {u.reason}",
+                  file=sys.stderr)
+    return 0
+
+
+def cmd_explain(a) -> int:
+    from .api import analyze_source
+    rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy)
+    if not a.kernel:
+        for k in rep.counts.kernels:
+            print(f"{k.name:40s} {k.op:30s} {k.einsum}")
+        return 0
+    try:
+        print(rep.explain(a.kernel))
+    except KeyError as e:
+        return _err(str(e.args[0]))
+    return 0
+
+
+def cmd_chips(a) -> int:
+    from .hardware.catalog import catalog
+    for s in catalog().values():
+        peaks = ", ".join(f"{k}={v / 1e12:.4g}T" for k, v in sorted(s.peaks.items()))
+        print(f"{s.id:12s} {s.name:40s} DRAM {s.bandwidth / 1e12:.4g} TB/s  {peaks}")
+    return 0
+
+
+def cmd_validate(a) -> int:
+    from .validate.cli import run_validate
+    return run_validate(a)
+
+
+def cmd_kernelbench(a) -> int:
+    from .kernelbench import run_cli
+    return run_cli(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="solbound",
+                                description="Speed-of-light bounds for PyTorch programs")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    an = sub.add_parser("analyze", help="count and bound a program")
+    _common(an)
+    an.add_argument("--json", metavar="PATH", help="write the JSON report (- for stdout)")
+    an.add_argument("--validate", action="store_true",
+                    help="run the IR against the program on real inputs")
+    an.add_argument("--max-seconds", type=float, default=None,
+                    help="validation time budget before reduced shapes are used")
+    an.add_argument("--max-bytes", type=float, default=None, metavar="GIB",
+                    help="validation memory budget (GiB) before reduced shapes are used")
+    an.add_argument("--top", type=int, default=8, help="operators listed in the top table")
+    an.add_argument("-q", "--quiet", action="store_true", help="no terminal tables")
+    an.set_defaults(fn=cmd_analyze)
+
+    ir = sub.add_parser("ir", help="write the loop IR text")
+    ir.add_argument("program")
+    ir.add_argument("-o", "--output", help="output file (default stdout)")
+    ir.set_defaults(fn=cmd_ir)
+
+    ex = sub.add_parser("explain", help="show how a kernel's numbers were derived")
+    _common(ex)
+    ex.add_argument("kernel", nargs="?", help="kernel or operator name (omit to list)")
+    ex.set_defaults(fn=cmd_explain)
+
+    ch = sub.add_parser("chips", help="list the hardware catalog")
+    ch.set_defaults(fn=cmd_chips)
+
+    va = sub.add_parser("validate", help="check an IR text against the program")
+    va.add_argument("program")
+    va.add_argument("--ir", required=True, help="IR text file")
+    va.add_argument("--seed", type=int, default=0)
+    va.set_defaults(fn=cmd_validate)
+
+    kb = sub.add_parser("kernelbench", help="run KernelBench problems")
+    kb.add_argument("root", help="a KernelBench checkout's KernelBench folder")
+    kb.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3])
+    kb.add_argument("--problems", type=int, nargs="+", default=None)
+    kb.add_argument("--validate", action="store_true")
+    kb.add_argument("--timings", default=None, help="folder with baseline_time_torch*.json")
+    kb.add_argument("--arch", default="h100-sxm")
+    kb.add_argument("--precision-policy", default=None)
+    kb.add_argument("--csv", required=True)
+    kb.add_argument("--timeout", type=float, default=120.0, help="seconds per problem")
+    kb.add_argument("--jobs", type=int, default=1)
+    kb.add_argument("--summary", action="store_true", help="print the per-level table")
+    kb.set_defaults(fn=cmd_kernelbench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from .frontends.torch.capture import FrontendError
+    from .hardware.catalog import UnknownArch
+    from .bounds.roofline import PolicyError
+    from .ir.text import IRSyntaxError
+    try:
+        return args.fn(args)
+    except (FrontendError, UnknownArch, PolicyError, IRSyntaxError) as e:
+        return _err(str(e))
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

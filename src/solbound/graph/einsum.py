@@ -1,0 +1,90 @@
+"""Lift IR kernels to extended einsums and build the tensor DAG.
+
+An extended einsum names, for one kernel, its class (a contraction that can run
+on a matrix unit, a map, a reduction, a scan, an arg-reduction), its operand
+accesses and its index signature. The :class:`Graph` adds producers,
+consumers and framework-operator groups. Counting (``analysis``) reads only
+this structure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.model import Access, Call, Kernel, Program, accesses
+
+MATRIX_UNITS = ("matmul", "conv", "attention")
+
+
+def _strip_cast(e):
+    while isinstance(e, Call) and e.op.startswith("to_"):
+        e = e.args[0]
+    return e
+
+
+@dataclass(frozen=True)
+class Einsum:
+    kernel: Kernel
+    kind: str                      # contraction | map | reduction | scan | argreduce
+    operands: tuple[Access, ...]   # distinct accesses read (nested indirect ones included)
+    signature: str                 # e.g. "x[d0,r0] * w[d1,r0] -> y[d0,d1] (sum r0)"
+
+    @property
+    def is_contraction(self) -> bool:
+        return self.kind == "contraction"
+
+
+def classify(k: Kernel) -> str:
+    if k.scan is not None:
+        return "scan"
+    if k.reduce in ("argmax", "argmin"):
+        return "argreduce"
+    if k.reduce is None:
+        return "map"
+    body = k.body
+    if (k.reduce == "sum" and isinstance(body, Call) and body.op == "mul"
+            and all(isinstance(_strip_cast(a), Access) for a in body.args)
+            and k.reduce_vars):
+        return "contraction"
+    return "reduction"
+
+
+def _sig(k: Kernel, ops: tuple[Access, ...]) -> str:
+    def acc(a: Access) -> str:
+        return f"{a.tensor}[{','.join(str(i) if not isinstance(i, Access) else acc(i) for i in a.index)}]"
+    lhs = " * ".join(acc(a) for a in ops) if ops else "const"
+    out = acc(Access(k.out, k.out_index))
+    red = f" ({k.reduce} {','.join(k.reduce_vars)})" if k.reduce_vars else ""
+    if k.scan:
+        red = f" ({k.reduce}-scan {k.scan})"
+    return f"{lhs} -> {out}{red}"
+
+
+def lift(k: Kernel) -> Einsum:
+    seen: dict[Access, None] = {}
+    for a in accesses(k.body):
+        seen.setdefault(a, None)
+    ops = tuple(seen)
+    return Einsum(k, classify(k), ops, _sig(k, ops))
+
+
+@dataclass
+class Graph:
+    program: Program
+    nodes: list[Einsum]
+    producers: dict[str, list[int]] = field(default_factory=dict)
+    consumers: dict[str, list[int]] = field(default_factory=dict)
+    groups: dict[str, list[int]] = field(default_factory=dict)   # op id -> node indices
+
+
+def build_graph(p: Program) -> Graph:
+    g = Graph(p, [lift(k) for k in p.kernels])
+    for i, n in enumerate(g.nodes):
+        for o in n.kernel.outputs:
+            g.producers.setdefault(o, []).append(i)
+        for a in n.operands:
+            lst = g.consumers.setdefault(a.tensor, [])
+            if not lst or lst[-1] != i:
+                lst.append(i)
+        g.groups.setdefault(n.kernel.op or n.kernel.name, []).append(i)
+    return g

@@ -1,0 +1,98 @@
+"""The hardware catalog: one TOML file per chip in ``specs/``, every number with its source.
+
+>>> spec = load_spec("h100-sxm")
+>>> spec.bandwidth
+3350000000000.0
+>>> spec.peak("tensor_bf16")
+989400000000000.0
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+
+SPEC_DIR = "specs"
+DEFAULT_ARCHS = ("h100-sxm", "a100-sxm", "b200")
+
+
+class UnknownArch(KeyError):
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+@dataclass(frozen=True)
+class Spec:
+    id: str
+    name: str
+    vendor: str
+    bandwidth: float                       # DRAM B/s
+    peaks: dict[str, float]                # pipe -> ops/s (dense)
+    onchip: dict[str, float]               # level -> bytes
+    entries: dict[str, dict] = field(repr=False, default_factory=dict)  # key -> {value, source, ...}
+    path: str = ""
+
+    def peak(self, pipe: str) -> float | None:
+        return self.peaks.get(pipe)
+
+    def source(self, key: str) -> str:
+        return self.entries.get(key, {}).get("source", "")
+
+    def uncertain(self, key: str) -> bool:
+        return bool(self.entries.get(key, {}).get("uncertain", False))
+
+
+def _parse(data: dict, path: str) -> Spec:
+    entries: dict[str, dict] = {}
+    for section in ("dram", "onchip", "compute", "peaks"):
+        for key, val in data.get(section, {}).items():
+            if not (isinstance(val, dict) and "value" in val and "source" in val):
+                raise ValueError(f"{path}: {section}.{key} needs value and source")
+            entries[key if section == "peaks" else f"{section}.{key}"] = val
+    bw = data.get("dram", {}).get("bandwidth")
+    if bw is None:
+        raise ValueError(f"{path}: dram.bandwidth is required")
+    return Spec(
+        id=data["id"], name=data["name"], vendor=data.get("vendor", ""),
+        bandwidth=float(bw["value"]),
+        peaks={k: float(v["value"]) for k, v in data.get("peaks", {}).items()},
+        onchip={k: float(v["value"]) for k, v in data.get("onchip", {}).items()},
+        entries=entries, path=path)
+
+
+def spec_from_file(path: str) -> Spec:
+    with open(path, "rb") as f:
+        return _parse(tomllib.load(f), path)
+
+
+@functools.lru_cache(maxsize=None)
+def catalog() -> dict[str, Spec]:
+    """Every bundled spec, by id."""
+    out = {}
+    root = resources.files("solbound.hardware") / SPEC_DIR
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            spec = _parse(tomllib.loads(entry.read_text()), entry.name)
+            out[spec.id] = spec
+    return out
+
+
+def load_spec(arch: str) -> Spec:
+    """A catalog id (``h100-sxm``) or a path to a spec TOML file."""
+    if arch.endswith(".toml") or os.path.sep in arch:
+        return spec_from_file(arch)
+    cat = catalog()
+    if arch not in cat:
+        raise UnknownArch(f"unknown arch {arch!r}; known: {', '.join(sorted(cat))}")
+    return cat[arch]
+
+
+def parse_archs(text: str | None) -> list[Spec]:
+    if not text:
+        return [load_spec(a) for a in DEFAULT_ARCHS]
+    if text.strip() == "all":
+        return list(catalog().values())
+    return [load_spec(a.strip()) for a in text.split(",") if a.strip()]

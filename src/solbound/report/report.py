@@ -1,0 +1,199 @@
+"""The report: JSON (schema ``solbound.report/1``) and the terminal view."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..bounds.roofline import Bound, Policy, group_seconds, kernel_pipe_work, resolve_peak
+
+SCHEMA = "solbound.report/1"
+
+
+def _num(x: float) -> float | int | None:
+    if isinstance(x, float) and (math.isinf(x) or math.isnan(x)):
+        return None
+    return x
+
+
+@dataclass
+class Report:
+    source: str
+    lowered: Any
+    graph: Any
+    counts: Any
+    specs: list
+    policy: Policy
+    bounds: list[Bound]
+    timings: dict = field(default_factory=dict)
+    validation: dict | None = None
+    problem: Any = None
+
+    # --- access -------------------------------------------------------------
+    @property
+    def program(self):
+        return self.lowered.program
+
+    @property
+    def unsupported(self):
+        return self.lowered.unsupported
+
+    def bound(self, arch: str, mode: str) -> Bound:
+        for b in self.bounds:
+            if b.arch == arch and b.mode == mode:
+                return b
+        raise KeyError((arch, mode))
+
+    @property
+    def totals(self) -> dict:
+        return self.to_dict()["totals"]
+
+    # --- JSON -----------------------------------------------------------------
+    def to_dict(self) -> dict:
+        pc = self.counts
+        tensors = self.program.tensor_map
+        d: dict[str, Any] = {
+            "schema": SCHEMA,
+            "source": self.source,
+            "program": {"kernels": len(self.program.kernels), "operators": len(pc.groups),
+                        "tensors": len(self.program.tensors)},
+            "precision_policy": {"fp32": dict(self.policy.fp32), "description": self.policy.describe()},
+            "totals": {
+                "macs": pc.macs,
+                "flops": sum(pc.flops.values()),
+                "flops_by_unit": dict(pc.flops),
+                "bytes": {"unfused": pc.unfused.bytes, "fused": pc.fused.bytes},
+                "exact": pc.unfused.exact and pc.fused.exact,
+            },
+            "bounds": [{
+                "arch": b.arch, "mode": b.mode, "seconds": b.seconds,
+                "compute_seconds": b.compute_seconds, "memory_seconds": b.memory_seconds,
+                "bound": b.bound, "bytes": b.bytes, "flops": b.flops,
+                "intensity": _num(b.intensity), "pipe_seconds": b.pipe_seconds,
+                "peaks": b.peaks, "bandwidth": b.bandwidth, "notes": b.notes,
+                **({"serial_seconds": b.serial_seconds} if b.serial_seconds is not None else {}),
+            } for b in self.bounds],
+            "archs": [{
+                "id": s.id, "name": s.name,
+                "bandwidth": {"value": s.bandwidth, "source": s.source("dram.bandwidth"),
+                              "uncertain": s.uncertain("dram.bandwidth")},
+                "peaks": {k: {"value": v, "source": s.source(k), "uncertain": s.uncertain(k)}
+                          for k, v in sorted(s.peaks.items())},
+            } for s in self.specs],
+            "operators": [{
+                "op": g.op, "name": g.opname, "source": g.src, "kernels": len(g.kernels),
+                "macs": g.macs, "flops": sum(g.flops.values()), "flops_by_unit": g.flops,
+                "bytes_unfused": g.traffic.bytes,
+            } for g in pc.groups],
+            "kernels": [{
+                "name": k.name, "op": k.op, "kind": k.kind, "einsum": k.einsum,
+                "extents": dict(self.program.kernels[i].dims), "points": k.points,
+                "macs": k.macs, "flops_by_unit": k.flops, "ops_per_point": k.ops_per_point,
+                "matrix_class": k.matrix_class, "dtype": k.dtype,
+                "reads": {t: sum(fp.elements for _, fp in lst) * tensors[t].itemsize
+                          for t, lst in k.reads.items()},
+                "writes": {t: fp.elements * tensors[t].itemsize for t, fp in k.writes.items()},
+            } for i, k in enumerate(pc.kernels)],
+            "unsupported": [{"operator": u.operator, "source": u.source, "reason": u.reason}
+                            for u in self.unsupported],
+            "notes": list(self.program.notes) + pc.unfused.notes + pc.fused.notes,
+            "validation": self.validation or {"status": "skipped", "reason": "not requested"},
+        }
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    # --- explain ----------------------------------------------------------------------
+    def explain(self, kernel: str, arch: str | None = None) -> str:
+        pc = self.counts
+        spec = self.specs[0] if arch is None else next(s for s in self.specs if s.id == arch)
+        for i, k in enumerate(pc.kernels):
+            if k.name == kernel or k.op == kernel:
+                ir = self.program.kernels[i]
+                from ..ir.text import print_kernel
+                lines = [print_kernel(ir), "",
+                         f"einsum      {k.einsum}",
+                         f"kind        {k.kind}",
+                         f"extents     {dict(ir.dims)}" + (f"  guard: {len(ir.guard)} atom(s)" if ir.guard else ""),
+                         f"|I|         {k.points:,} points (exact count of the guarded loop nest)",
+                         f"per point   {k.ops_per_point}  -> FLOPs {k.flops}",
+                         f"MACs        {k.macs:,}"]
+                for pipe, n in kernel_pipe_work(k, self.policy).items():
+                    used, peak, note = resolve_peak(spec, pipe)
+                    lines.append(f"pipe        {n:,.0f} ops on {used} @ {peak:.4g}/s "
+                                 f"= {n / peak:.4g} s on {spec.id}" + (f" ({note})" if note else ""))
+                for t, lst in k.reads.items():
+                    for _, fp in lst:
+                        lines.append(f"read        {t}: {fp.elements:,} elements"
+                                     + ("" if fp.exact else " (approximate)")
+                                     + (f" [{fp.note}]" if fp.note else ""))
+                for t, fp in k.writes.items():
+                    lines.append(f"write       {t}: {fp.elements:,} elements")
+                return "\n".join(lines)
+        raise KeyError(f"no kernel or operator named {kernel!r}")
+
+    # --- terminal ---------------------------------------------------------------------
+    def render(self, console=None, top: int = 8) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        console = console or Console()
+        pc = self.counts
+        console.print(f"[bold]solbound[/bold] {self.source}: {len(pc.groups)} operators, "
+                      f"{len(self.program.kernels)} kernels")
+        console.print(f"  MACs {_si(pc.macs)}   FLOPs {_si(sum(pc.flops.values()))} "
+                      f"(matrix {_si(pc.flops['matrix'])}, vector {_si(pc.flops['vector'])}, "
+                      f"special {_si(pc.flops['special'])})")
+        console.print(f"  DRAM bytes: unfused {_si(pc.unfused.bytes)}B, fused {_si(pc.fused.bytes)}B"
+                      f"   policy: {self.policy.describe()}")
+        t = Table(title="Speed-of-light bounds", show_lines=False)
+        for col in ("arch", "mode", "time", "compute", "memory", "bound", "FLOP/B"):
+            t.add_column(col, justify="right" if col not in ("arch", "mode", "bound") else "left")
+        for b in self.bounds:
+            t.add_row(b.arch, b.mode, _t(b.seconds), _t(b.compute_seconds), _t(b.memory_seconds),
+                      b.bound, f"{b.intensity:.3g}" if math.isfinite(b.intensity) else "-")
+        console.print(t)
+        if self.specs:
+            spec = self.specs[0]
+            times = group_seconds(pc, spec, self.policy)
+            order = sorted(range(len(pc.groups)), key=lambda i: -times[i][0])[:top]
+            tt = Table(title=f"Top operators by unfused time on {spec.id}")
+            for col in ("operator", "source", "time", "bound", "FLOPs", "bytes"):
+                tt.add_column(col)
+            for i in order:
+                g = pc.groups[i]
+                tm, c, m = times[i]
+                tt.add_row(f"{g.op} ({g.opname})", g.src or "-", _t(tm),
+                           "compute" if c >= m else "memory", _si(sum(g.flops.values())),
+                           _si(g.traffic.bytes) + "B")
+            console.print(tt)
+        if self.unsupported:
+            console.print(f"[red]{len(self.unsupported)} unsupported operator(s); their work is "
+                          f"NOT counted:[/red]")
+            for u in self.unsupported:
+                console.print(f"  [red]{u.operator}[/red] at {u.source or '?'}: {u.reason}")
+        notes = [n for b in self.bounds for n in b.notes]
+        for n in dict.fromkeys(notes):
+            console.print(f"[yellow]note[/yellow]: {n}")
+        if self.validation:
+            v = self.validation
+            console.print(f"validation: [bold]{v.get('status')}[/bold] "
+                          + (v.get("summary") or v.get("reason") or ""))
+
+
+def _si(x: float) -> str:
+    for unit, div in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _t(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"
