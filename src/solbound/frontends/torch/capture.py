@@ -29,6 +29,34 @@ class Problem:
 
     source: str                                   # file path or module:factory
     build: Callable[[str], tuple[Any, tuple]]     # device -> (module, inputs)
+    module: Any = None                            # the imported file, when there is one
+
+    def shrink(self):
+        """Smaller instances of a file problem: ``(description, Problem)``, largest first.
+
+        The file's module-level integer constants (sizes) are scaled down, batch-like
+        names first, then every size constant together.
+        """
+        if self.module is None:
+            return
+        sizes = {k: v for k, v in vars(self.module).items()
+                 if type(v) is int and not k.startswith("_") and v >= 2}
+        batchy = [k for k in sizes if "batch" in k.lower()]
+        plans = []
+        if batchy:
+            plans.append(batchy)
+        if sizes:
+            plans.append(sorted(sizes))
+        seen = set()
+        for names in plans:
+            for shift in range(1, 8):
+                new = {k: max(1, sizes[k] >> shift) for k in names}
+                key = tuple(sorted(new.items()))
+                if key in seen or all(new[k] == sizes[k] for k in names):
+                    continue
+                seen.add(key)
+                desc = ", ".join(f"{k}={sizes[k]}->{new[k]}" for k in names)
+                yield desc, _file_problem(self.source, overrides=new)
 
 
 def _where(exc: BaseException, path: str | None = None) -> str:
@@ -61,28 +89,34 @@ def _import_file(path: str):
     return mod
 
 
+def _file_problem(spec: str, overrides: dict | None = None) -> Problem:
+    mod = _import_file(spec)
+    for k, v in (overrides or {}).items():
+        setattr(mod, k, v)
+    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(mod, n)]
+    if missing:
+        raise FrontendError(f"{spec}: lacks {', '.join(missing)} (a KernelBench-style file "
+                            f"defines class Model, get_inputs() and get_init_inputs())")
+
+    def build(device: str, mod=mod, spec=spec):
+        import torch
+        try:
+            with torch.device(device):
+                init = mod.get_init_inputs()
+                model = mod.Model(*init)
+                inputs = mod.get_inputs()
+        except Exception as e:  # noqa: BLE001
+            raise FrontendError(f"{spec} ({_where(e, spec)}): building Model/get_inputs "
+                                f"failed: {_oneline(e)}") from None
+        return model, tuple(inputs)
+
+    return Problem(spec, build, mod)
+
+
 def load_problem(spec: str) -> Problem:
     """``FILE.py`` (KernelBench convention) or ``pkg.module:factory``."""
     if spec.endswith(".py") or os.path.sep in spec:
-        mod = _import_file(spec)
-        missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(mod, n)]
-        if missing:
-            raise FrontendError(f"{spec}: lacks {', '.join(missing)} (a KernelBench-style file "
-                                f"defines class Model, get_inputs() and get_init_inputs())")
-
-        def build(device: str, mod=mod, spec=spec):
-            import torch
-            try:
-                with torch.device(device):
-                    init = mod.get_init_inputs()
-                    model = mod.Model(*init)
-                    inputs = mod.get_inputs()
-            except Exception as e:  # noqa: BLE001
-                raise FrontendError(f"{spec} ({_where(e, spec)}): building Model/get_inputs "
-                                    f"failed: {_oneline(e)}") from None
-            return model, tuple(inputs)
-
-        return Problem(spec, build)
+        return _file_problem(spec)
     if ":" not in spec:
         raise FrontendError(f"{spec}: expected FILE.py or pkg.module:factory")
     modname, _, attr = spec.partition(":")

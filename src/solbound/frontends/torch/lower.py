@@ -282,6 +282,8 @@ class LoweredProgram:
     inputs: list[dict]           # user inputs in order: {"name", "ir"}
     state: list[dict]            # parameters/buffers: {"target", "ir", "role"}
     groups: dict[str, dict]      # op id -> {"name", "src"}
+    # FX node name -> where its (first) tensor value lives in the IR, for diagnosis
+    values: dict[str, dict] = field(default_factory=dict)
 
 
 def _src_of(node: torch.fx.Node, user_files: tuple[str, ...]) -> str:
@@ -313,6 +315,7 @@ class Lowering:
         self._names: set[str] = set(RESERVED)
         self._kcount: dict[str, int] = {}
         self._cur_group = ("", "", "")
+        self.node_src: dict[str, str] = {}
 
     # names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -385,7 +388,16 @@ class Lowering:
         # only now mark outputs (kernels were checked against intermediates)
         program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
         program = _prune(program)
-        return LoweredProgram(program, self.unsupported, outputs, inputs, state, self.groups)
+        values = {}
+        for node, v in self.env.items():
+            first = _flat_views(v)
+            if first and node.op == "call_function" and first[0].base in program.tensor_map:
+                f = first[0]
+                values[node.name] = {"ir": f.base, "shape": list(f.shape),
+                                     "strides": list(f.strides), "offset": f.offset,
+                                     "src": self.node_src.get(node.name, "")}
+        return LoweredProgram(program, self.unsupported, outputs, inputs, state, self.groups,
+                              values)
 
     def _group_of(self, node: torch.fx.Node) -> tuple[str, str, str]:
         fn = node.meta.get("from_node") or []
@@ -402,6 +414,7 @@ class Lowering:
             return
         self._cur_group = self._group_of(node)
         gid, gname, src = self._cur_group
+        self.node_src[node.name] = src
         self.groups.setdefault(gid, {"name": gname, "src": src})
         fn = find_rule(target)
         reason = "no lowering rule"

@@ -1,0 +1,403 @@
+"""Execute a :class:`~solbound.ir.model.Program` on numpy arrays.
+
+Affine accesses become strided views (``as_strided``) of their base array: no
+Python loop ever runs over elements. Contractions run as ``einsum`` over those
+views (zero padding stands in for boundary guards, so a padded convolution is
+one einsum); other kernels evaluate their body with broadcasting over the
+loop nest and reduce with numpy, in chunks when the loop nest is large.
+Indirect accesses gather with integer index arrays.
+
+Floating-point tensors are computed in float32 (float64 for f64 programs):
+bf16/fp16 programs therefore run in a wider type than they were written in,
+and the validator's tolerance accounts for the source dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .affine import Aff, Atom, guard_holds
+from .model import Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl
+
+CHUNK_ELEMENTS = 1 << 25
+
+
+class ExecutionError(RuntimeError):
+    pass
+
+
+def np_dtype(dtype: str, wide: bool = False):
+    if dtype == "f64":
+        return np.float64
+    if dtype in ("f32", "f16", "bf16", "f8e4m3", "f8e5m2"):
+        return np.float64 if wide else np.float32
+    if dtype == "bool":
+        return np.bool_
+    if dtype in ("c64", "c128"):
+        return np.complex128
+    return np.int64
+
+
+def _erf(x):
+    from scipy.special import erf
+    return erf(x)
+
+
+def _erfinv(x):
+    from scipy.special import erfinv
+    return erfinv(x)
+
+
+def _sigmoid(x):
+    from scipy.special import expit
+    return expit(x)
+
+
+def _logical(fn_bool, fn_int):
+    def op(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype == np.bool_ and b.dtype == np.bool_:
+            return fn_bool(a, b)
+        return fn_int(a, b)
+    return op
+
+
+def _div(a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.true_divide(a, b)
+
+
+OPS: dict[str, Callable] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _div,
+    "neg": np.negative, "mod": np.mod, "floordiv": np.floor_divide,
+    "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+    "eq": np.equal, "ne": np.not_equal,
+    "and": _logical(np.logical_and, np.bitwise_and), "or": _logical(np.logical_or, np.bitwise_or),
+    "xor": _logical(np.logical_xor, np.bitwise_xor),
+    "not": lambda a: np.logical_not(a) if np.asarray(a).dtype == np.bool_ else np.invert(a),
+    "maximum": np.maximum, "minimum": np.minimum, "abs": np.abs,
+    "select": lambda c, a, b: np.where(c, a, b), "floor": np.floor, "ceil": np.ceil,
+    "round": np.round, "trunc": np.trunc, "sign": np.sign,
+    "fma": lambda a, b, c: a * b + c, "isnan": np.isnan,
+    "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "log1p": np.log1p,
+    "expm1": np.expm1, "tanh": np.tanh, "erf": _erf, "sqrt": np.sqrt,
+    "rsqrt": lambda a: 1.0 / np.sqrt(a), "recip": lambda a: _div(1.0, a), "sigmoid": _sigmoid,
+    "sin": np.sin, "cos": np.cos, "pow": np.power, "atan": np.arctan, "erfinv": _erfinv,
+}
+
+REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "any": np.any,
+          "all": np.all}
+SCAN = {"sum": np.cumsum, "prod": np.cumprod, "max": np.maximum.accumulate,
+        "min": np.minimum.accumulate}
+
+
+def _init(op: str, dtype) -> object:
+    if op in ("sum",):
+        return 0
+    if op == "prod":
+        return 1
+    if op in ("max", "argmax"):
+        return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(np.int64).min
+    if op in ("min", "argmin"):
+        return np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(np.int64).max
+    if op == "any":
+        return False
+    if op == "all":
+        return True
+    raise ExecutionError(f"no init for {op}")
+
+
+class _KernelExec:
+    """Evaluation of one kernel over a (possibly chunked) loop nest."""
+
+    def __init__(self, k: Kernel, arrays: dict[str, np.ndarray], decls: dict[str, TensorDecl],
+                 wide: bool):
+        self.k = k
+        self.arrays = arrays
+        self.decls = decls
+        self.wide = wide
+        self.dims = [d for d, _ in k.dims]
+        self.ext = dict(k.dims)
+        self._padded: dict[tuple, tuple[np.ndarray, list[int]]] = {}
+
+    # --- accesses -----------------------------------------------------------
+    def _padded_base(self, name: str, index: tuple[Aff, ...], ranges: dict[str, tuple[int, int]]):
+        arr = self.arrays[name]
+        pads, shift = [], []
+        for e, n in zip(index, arr.shape):
+            lo, hi = _bounds(e, ranges)
+            pl, ph = max(0, -lo), max(0, hi - (n - 1))
+            pads.append((pl, ph))
+            shift.append(pl)
+        if any(p != (0, 0) for p in pads):
+            key = (name, tuple(pads))
+            if key not in self._padded:
+                self._padded[key] = (np.pad(arr, pads), shift)
+            return self._padded[key]
+        return arr, shift
+
+    def view(self, acc: Access, ranges: dict[str, tuple[int, int]]) -> np.ndarray:
+        """A strided view with one axis per loop dim (size 1 where unused)."""
+        if acc.indirect:
+            return self.gather(acc, ranges)
+        base, shift = self._padded_base(acc.tensor, acc.index, ranges)
+        base = np.ascontiguousarray(base)
+        item = base.itemsize
+        bstr = [s // item for s in base.strides]
+        off = 0
+        coef = {d: 0 for d in self.dims}
+        for e, sh, st in zip(acc.index, shift, bstr):
+            off += (e.const + sh) * st
+            for v, c in e.terms:
+                coef[v] += c * st
+        shape, strides = [], []
+        for d in self.dims:
+            lo, hi = ranges[d]
+            if coef[d] == 0:
+                shape.append(1)
+                strides.append(0)
+            else:
+                shape.append(hi - lo)
+                strides.append(coef[d] * item)
+                off += coef[d] * lo
+        flat = base.reshape(-1)
+        if base.size == 0:
+            return np.zeros(shape, dtype=base.dtype)
+        return as_strided(flat[off:], shape=shape, strides=strides, writeable=False)
+
+    def env(self, ranges) -> dict[str, np.ndarray]:
+        nd = len(self.dims)
+        out = {}
+        for i, d in enumerate(self.dims):
+            lo, hi = ranges[d]
+            shp = [1] * nd
+            shp[i] = hi - lo
+            out[d] = np.arange(lo, hi, dtype=np.int64).reshape(shp)
+        return out
+
+    def gather(self, acc: Access, ranges) -> np.ndarray:
+        env = self.env(ranges)
+        base = self.arrays[acc.tensor]
+        idxs = []
+        for i, n in zip(acc.index, base.shape):
+            if isinstance(i, Access):
+                v = self.eval(i, ranges, env).astype(np.int64)
+                v = np.where(v < 0, v + n, v)
+            else:
+                v = np.asarray(i.evaluate(env), dtype=np.int64)
+            idxs.append(np.clip(v, 0, max(n - 1, 0)))
+        idxs = np.broadcast_arrays(*idxs) if idxs else []
+        return base[tuple(idxs)] if idxs else base
+
+    # --- expressions -----------------------------------------------------------
+    def eval(self, e: Expr, ranges, env) -> np.ndarray:
+        if isinstance(e, Access):
+            return self.view(e, ranges)
+        if isinstance(e, Const):
+            return np.asarray(e.value)
+        if isinstance(e, Idx):
+            return np.asarray(e.expr.evaluate(env))
+        assert isinstance(e, Call)
+        args = [self.eval(a, ranges, env) for a in e.args]
+        if e.op.startswith("to_"):
+            dt = e.op[3:]
+            a = args[0]
+            if dt == "bool":
+                return a != 0
+            if np_dtype(dt) == np.int64 and np.issubdtype(np.asarray(a).dtype, np.floating):
+                return np.trunc(a).astype(np.int64)
+            return np.asarray(a).astype(np_dtype(dt, self.wide))
+        with np.errstate(all="ignore"):
+            return OPS[e.op](*args)
+
+    # --- kernel ------------------------------------------------------------------
+    def run(self) -> None:
+        k = self.k
+        out = self.arrays[k.out]
+        keep = [d for d in self.dims if d not in k.reduce_vars]
+        # chunk over the outermost kept dim when the loop nest is large
+        total = math.prod(self.ext.values()) if self.ext else 1
+        cdim = next((d for d in keep if self.ext[d] > 1), None)
+        nchunks = 1
+        if cdim is not None and total > CHUNK_ELEMENTS and not self._is_contraction():
+            nchunks = min(self.ext[cdim], -(-total // CHUNK_ELEMENTS))
+        if k.scan is not None and cdim == k.scan:
+            nchunks = 1
+        step = -(-self.ext[cdim] // nchunks) if cdim else 1
+        for c in range(nchunks):
+            ranges = {d: (0, n) for d, n in k.dims}
+            if cdim is not None and nchunks > 1:
+                ranges[cdim] = (c * step, min(self.ext[cdim], (c + 1) * step))
+                if ranges[cdim][0] >= ranges[cdim][1]:
+                    continue
+            self.run_range(ranges, keep, out)
+
+    def _is_contraction(self) -> bool:
+        from ..graph.einsum import classify
+        return classify(self.k) == "contraction"
+
+    def _guard_is_padding(self, ops: list[Access]) -> bool:
+        """Every guard atom bounds an index of some operand to its tensor's range."""
+        for a in self.k.guard:
+            ok = False
+            for acc in ops:
+                shape = self.arrays[acc.tensor].shape
+                for e, n in zip(acc.index, shape):
+                    if isinstance(e, Aff) and e == a.expr and (a.lo or 0) <= 0 \
+                            and (a.hi is not None and a.hi >= n):
+                        ok = True
+            if not ok:
+                return False
+        return True
+
+    def run_range(self, ranges, keep, out) -> None:
+        k = self.k
+        nd = len(self.dims)
+        red_axes = tuple(i for i, d in enumerate(self.dims) if d not in keep)
+        dtype = out.dtype
+        if self._is_contraction():
+            from .model import Call as _C
+            a, b = k.body.args
+
+            def strip(x):
+                while isinstance(x, _C) and x.op.startswith("to_"):
+                    x = x.args[0]
+                return x
+            a, b = strip(a), strip(b)
+            if not a.indirect and not b.indirect and self._guard_is_padding([a, b]):
+                va, vb = self.view(a, ranges), self.view(b, ranges)
+                res = _einsum(va, vb, self.dims, keep, dtype)
+                self.write(res, ranges, keep)
+                return
+        env = self.env(ranges)
+        val = self.eval(k.body, ranges, env)
+        full = tuple(ranges[d][1] - ranges[d][0] for d in self.dims)
+        mask = guard_holds(k.guard, env) if k.guard else None
+        if k.reduce is None:
+            val = np.broadcast_to(val, full)
+            if mask is not None:
+                val = np.where(mask, val, k.fill)
+            self.write(np.asarray(val).astype(dtype, copy=False), ranges, keep)
+            return
+        if k.scan is not None:
+            val = np.broadcast_to(val, full).astype(dtype)
+            if mask is not None:
+                val = np.where(mask, val, _init(k.reduce, dtype))
+            axis = self.dims.index(k.scan)
+            self.write(SCAN[k.reduce](val, axis=axis).astype(dtype, copy=False), ranges, keep)
+            return
+        val = np.broadcast_to(val, full)
+        if k.reduce in ("argmax", "argmin"):
+            fill = _init(k.reduce, val.dtype)
+            if mask is not None:
+                val = np.where(mask, val, fill)
+            moved = np.moveaxis(val, red_axes, tuple(range(nd - len(red_axes), nd)))
+            flat = moved.reshape(moved.shape[: nd - len(red_axes)] + (-1,))
+            # NaN propagates like torch: the first NaN wins
+            fn = np.argmax if k.reduce == "argmax" else np.argmin
+            idx = fn(flat, axis=-1)
+            if k.out2 is not None:
+                vals = np.take_along_axis(flat, idx[..., None], axis=-1)[..., 0]
+                self.write(vals.astype(self.arrays[k.out2].dtype), ranges, keep, k.out2)
+            self.write(idx.astype(dtype), ranges, keep)
+            return
+        acc_dtype = dtype if k.reduce in ("sum", "prod") else None
+        if mask is not None:
+            val = np.where(mask, val, _init(k.reduce, np.asarray(val).dtype))
+        if k.reduce in ("sum", "prod") and np.issubdtype(dtype, np.floating):
+            res = REDUCE[k.reduce](val, axis=red_axes, dtype=np.float64)
+        else:
+            res = REDUCE[k.reduce](val, axis=red_axes, dtype=acc_dtype) if acc_dtype \
+                else REDUCE[k.reduce](val, axis=red_axes)
+        self.write(np.asarray(res).astype(dtype, copy=False), ranges, keep)
+
+    def write(self, res: np.ndarray, ranges, keep, name: str | None = None) -> None:
+        k = self.k
+        out = self.arrays[name or k.out]
+        item = out.itemsize
+        bstr = [s // item for s in out.strides]
+        off = 0
+        coef = {d: 0 for d in keep}
+        for e, st in zip(k.out_index, bstr):
+            off += e.const * st
+            for v, c in e.terms:
+                coef[v] += c * st
+        shape, strides = [], []
+        for d in keep:
+            lo, hi = ranges[d]
+            shape.append(hi - lo)
+            strides.append(coef[d] * item)
+            off += coef[d] * lo
+        if out.size == 0:
+            return
+        view = as_strided(out.reshape(-1)[off:], shape=shape, strides=strides)
+        view[...] = np.broadcast_to(res.reshape(shape) if res.size == math.prod(shape)
+                                    else res, shape)
+
+
+def _bounds(e: Aff, ranges) -> tuple[int, int]:
+    lo = hi = e.const
+    for v, c in e.terms:
+        a, b = ranges[v][0], ranges[v][1] - 1
+        lo += min(c * a, c * b)
+        hi += max(c * a, c * b)
+    return lo, hi
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _einsum(va: np.ndarray, vb: np.ndarray, dims: list[str], keep: list[str], dtype) -> np.ndarray:
+    import opt_einsum
+    letters = {d: _LETTERS[i] for i, d in enumerate(dims)}
+    # drop size-1 broadcast axes from each operand
+    sa, ax_a = _squeeze(va, dims)
+    sb, ax_b = _squeeze(vb, dims)
+    spec = f"{''.join(letters[d] for d in ax_a)},{''.join(letters[d] for d in ax_b)}->" \
+           f"{''.join(letters[d] for d in keep if d in ax_a or d in ax_b)}"
+    wide = np.float64 if dtype == np.float64 else np.float32
+    res = opt_einsum.contract(spec, sa.astype(wide, copy=False), sb.astype(wide, copy=False))
+    present = [d for d in keep if d in ax_a or d in ax_b]
+    shape = [res.shape[present.index(d)] if d in present else 1 for d in keep]
+    return res.reshape(shape)
+
+
+def _squeeze(v: np.ndarray, dims: list[str]):
+    keep_axes = [i for i in range(v.ndim) if not (v.strides[i] == 0 and v.shape[i] == 1)]
+    names = [dims[i] for i in keep_axes]
+    return v.reshape([v.shape[i] for i in keep_axes]) if len(keep_axes) != v.ndim else v, names
+
+
+def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
+            on_kernel: Callable[[Kernel, dict], None] | None = None) -> dict[str, np.ndarray]:
+    """Run every kernel; returns all tensors (inputs included) by name."""
+    decls = p.tensor_map
+    arrays: dict[str, np.ndarray] = {}
+    for t in p.tensors:
+        if t.role in ("input", "parameter", "buffer", "constant"):
+            if t.name not in inputs:
+                raise ExecutionError(f"missing value for {t.role} {t.name}")
+            a = np.asarray(inputs[t.name])
+            if tuple(a.shape) != t.shape:
+                raise ExecutionError(f"{t.name}: expected shape {t.shape}, got {a.shape}")
+            arrays[t.name] = np.ascontiguousarray(a.astype(np_dtype(t.dtype, wide), copy=False))
+        else:
+            arrays[t.name] = np.zeros(t.shape, dtype=np_dtype(t.dtype, wide))
+    for k in p.kernels:
+        try:
+            _KernelExec(k, arrays, decls, wide).run()
+        except ExecutionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - name the kernel
+            raise ExecutionError(f"kernel {k.name} ({k.opname or k.op}, {k.src or '?'}): "
+                                 f"{type(e).__name__}: {e}") from e
+        if on_kernel is not None:
+            on_kernel(k, arrays)
+    return arrays
+
+
+__all__ = ["execute", "ExecutionError", "np_dtype", "Atom"]
