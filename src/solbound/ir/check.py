@@ -42,8 +42,6 @@ def check_program(p: Program) -> None:
         if k.scan is not None and k.scan not in dims:
             raise IRError(f"{where}: scan dimension {k.scan!r} is not a loop dimension")
         for o in k.outputs:
-            if o in written:
-                raise IRError(f"{where}: {o} is written twice")
             if tensors[o].role in EXTERNAL_ROLES:
                 raise IRError(f"{where}: writes {o}, a {tensors[o].role}")
             written.add(o)

@@ -123,7 +123,7 @@ def print_expr(e: Expr) -> str:
     if e.op in INFIX:
         lv = _level(e)
         a, b = e.args
-        return f"{_wrap(a, _level(a) < lv or (lv == 1))} {INFIX[e.op]} {_wrap(b, _level(b) <= lv)}"
+        return f"{_wrap(a, _level(a) < lv or (lv == 1 and _level(a) <= 1))} {INFIX[e.op]} {_wrap(b, _level(b) <= lv)}"
     if e.op in PREFIX:
         (a,) = e.args
         return f"{PREFIX[e.op]}{_wrap(a, _level(a) < 7 or isinstance(a, Const))}"
@@ -411,8 +411,6 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
     if len(outs) > 2:
         raise _err(stmt, "at most two outputs (argmax/argmin)")
     for o in outs:
-        if o.tensor in seen_out:
-            raise _err(stmt, f"tensor {o.tensor} is written twice")
         if tensors[o.tensor].role in ("input", "parameter", "buffer", "constant"):
             raise _err(stmt, f"tensor {o.tensor} is a {tensors[o.tensor].role} and cannot be written")
     if len(outs) == 2 and outs[0].index != outs[1].index:

@@ -132,36 +132,53 @@ class KernelBuilder:
             c, off = divmod(off, bstr[j]) if bshape[j] else (0, off)
             acc[j] = acc[j] + c
 
-        def place(e: Aff, n: int, s: int) -> None:
-            digits, rest = [], s
+        def digits_of(s: int) -> list[tuple[int, int]]:
+            out, rest = [], s
             for j in range(r):
                 m, rest = divmod(rest, bstr[j])
                 if m:
-                    digits.append((j, m))
-            if len(digits) == 1:
-                j, m = digits[0]
-                if j == 0 or (n - 1) * m < bshape[j]:
-                    acc[j] = acc[j] + e * m
-                    return
-                v = e.single_var()
-                if v is None or bshape[j] % m or n % (bshape[j] // m):
-                    raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
-                                        f"of a {bshape} tensor is not affine")
-                f = bshape[j] // m
-                hi, lo = self._split(v, f)
-                acc[j] = acc[j] + lo * m
-                place(hi, n // f, s * f)
+                    out.append((j, m))
+            return out
+
+        def fits(j: int, m: int, n: int) -> bool:
+            return j == 0 or (n - 1) * m < bshape[j]
+
+        def place_var(v: str, n: int, s: int) -> None:
+            """Place loop variable ``v`` (extent ``n``) with flat stride ``s``."""
+            digits = digits_of(s)
+            if all(fits(j, m, n) for j, m in digits):
+                for j, m in digits:
+                    acc[j] = acc[j] + Aff.var(v) * m
                 return
-            for j, m in digits:
-                if j and (n - 1) * m >= bshape[j]:
-                    raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
-                                        f"of a {bshape} tensor is not affine")
-                acc[j] = acc[j] + e * m
+            if len(digits) != 1:
+                raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
+                                    f"of a {bshape} tensor is not affine")
+            j, m = digits[0]
+            if bshape[j] % m or n % (bshape[j] // m):
+                raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
+                                    f"of a {bshape} tensor is not affine")
+            f = bshape[j] // m
+            hi, lo = self._split(v, f)
+            acc[j] = acc[j] + lo * m
+            place_var(hi.single_var(), n // f, s * f)
 
         for e, n, s in zip(index, view.shape, view.strides):
             if n == 1 or s == 0:
                 continue
-            place(self.resolve(Aff.of(e)), n, s)
+            e = self.resolve(Aff.of(e))
+            digits = digits_of(s)
+            if all(fits(j, m, n) for j, m in digits):
+                for j, m in digits:
+                    acc[j] = acc[j] + e * m
+                continue
+            # the view dim spans several base dims (a flatten): place each term alone
+            if e.const:
+                raise LoweringError(f"offset index into a merged view dimension "
+                                    f"(shape {view.shape}, strides {view.strides})")
+            for v, c in e.terms:
+                if c < 0:
+                    raise LoweringError("negative stride into a merged view dimension")
+                place_var(v, self.extent(v), s * c)
         return Access(view.base, tuple(self.resolve(a) for a in acc))
 
     def finish(self, name: str, out: str, out_index: list[Aff], body: Expr, *,
@@ -341,6 +358,8 @@ class Lowering:
 
     def add_kernel(self, k: Kernel, node: torch.fx.Node) -> None:
         op, opname, src = self._cur_group
+        if k.unit == "matmul" and "attention" in opname:
+            k = k.with_(unit="attention")
         self.kernels.append(k.with_(op=op, opname=opname, src=src))
 
     # arguments ------------------------------------------------------------------
@@ -491,6 +510,7 @@ def _prune(p: Program) -> Program:
     for k in reversed(p.kernels):
         if any(o in live for o in k.outputs):
             keep.append(k)
+            live.update(k.outputs)
             for a in accesses(k.body):
                 live.add(a.tensor)
     keep.reverse()

@@ -1,0 +1,90 @@
+"""Closed-form roofline bounds for a matmul, a conv and an elementwise chain on two chips."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from helpers import run
+from solbound.bounds.roofline import Policy, PolicyError
+
+CHIPS = {  # (vector fp32, tf32 tensor, bf16 tensor, DRAM B/s) from the catalog
+    "h100-sxm": (66.9e12, 494.7e12, 989.4e12, 3.35e12),
+    "a100-sxm": (19.5e12, 156e12, 312e12, 2.039e12),
+}
+
+
+def meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+@pytest.mark.parametrize("arch", sorted(CHIPS))
+def test_matmul_fp32_no_tf32(arch):
+    n = 1024
+    rep = run(lambda s, a, b: a @ b, meta(n, n), meta(n, n), arch=arch)
+    vec, tf32, bf16, bw = CHIPS[arch]
+    b = rep.bound(arch, "fused")
+    assert b.compute_seconds == pytest.approx(2 * n**3 / vec, rel=1e-12)
+    assert b.memory_seconds == pytest.approx(3 * n * n * 4 / bw, rel=1e-12)
+    assert b.seconds == b.compute_seconds and b.bound == "compute"
+    assert b.intensity == pytest.approx(2 * n**3 / (3 * n * n * 4))
+
+
+@pytest.mark.parametrize("arch", sorted(CHIPS))
+def test_matmul_bf16_tensor_cores_and_tf32_override(arch):
+    n = 2048
+    vec, tf32, bf16, bw = CHIPS[arch]
+    rep = run(lambda s, a, b: a @ b, meta(n, n, dtype=torch.bfloat16),
+              meta(n, n, dtype=torch.bfloat16), arch=arch)
+    assert rep.bound(arch, "fused").compute_seconds == pytest.approx(2 * n**3 / bf16, rel=1e-12)
+    assert rep.bound(arch, "fused").memory_seconds == pytest.approx(3 * n * n * 2 / bw, rel=1e-12)
+    rep = run(lambda s, a, b: a @ b, meta(n, n), meta(n, n), arch=arch, policy="matmul=tf32")
+    assert rep.bound(arch, "fused").compute_seconds == pytest.approx(2 * n**3 / tf32, rel=1e-12)
+
+
+@pytest.mark.parametrize("arch", sorted(CHIPS))
+def test_conv_uses_tf32_by_default(arch):
+    vec, tf32, bf16, bw = CHIPS[arch]
+    conv = nn.Conv2d(64, 128, 3, bias=False, device="meta")
+    rep = run(lambda s, x: s.c(x), meta(8, 64, 34, 34), arch=arch, c=conv)
+    macs = 8 * 128 * 32 * 32 * 64 * 9
+    b = rep.bound(arch, "fused")
+    assert b.compute_seconds == pytest.approx(2 * macs / tf32, rel=1e-12)
+    nbytes = (8 * 64 * 34 * 34 + 128 * 64 * 9 + 8 * 128 * 32 * 32) * 4
+    assert b.memory_seconds == pytest.approx(nbytes / bw, rel=1e-12)
+    rep = run(lambda s, x: s.c(x), meta(8, 64, 34, 34), arch=arch, c=conv, policy="fp32")
+    assert rep.bound(arch, "fused").compute_seconds == pytest.approx(2 * macs / vec, rel=1e-12)
+
+
+@pytest.mark.parametrize("arch", sorted(CHIPS))
+def test_elementwise_chain_memory_bound(arch):
+    vec, tf32, bf16, bw = CHIPS[arch]
+    n = 1 << 24
+    rep = run(lambda s, x: torch.relu(x * 2 + 1), meta(n), arch=arch)
+    fused, unfused = rep.bound(arch, "fused"), rep.bound(arch, "unfused")
+    assert fused.memory_seconds == pytest.approx(2 * n * 4 / bw, rel=1e-12)
+    assert unfused.memory_seconds == pytest.approx(6 * n * 4 / bw, rel=1e-12)
+    assert fused.compute_seconds == pytest.approx(3 * n / vec, rel=1e-12)
+    assert fused.bound == "memory" and unfused.seconds == pytest.approx(3 * fused.seconds)
+
+
+def test_special_functions_load_the_sfu():
+    n = 1 << 20
+    rep = run(lambda s, x: torch.exp(x), meta(n), arch="h100-sxm")
+    b = rep.bound("h100-sxm", "fused")
+    sfu = 16 * 132 * 1.98e9
+    assert b.pipe_seconds["sfu"] == pytest.approx(n / sfu, rel=1e-6)
+
+
+def test_unknown_policy_is_an_error():
+    with pytest.raises(PolicyError):
+        Policy.parse("matmul=int4")
+    assert Policy.parse("tf32").fp32 == {"matmul": "tf32", "conv": "tf32", "attention": "tf32"}
+
+
+def test_chip_without_a_pipe_says_which_substitute():
+    rep = run(lambda s, a, b: a @ b, meta(64, 64), meta(64, 64), arch="tpu-v5e")
+    notes = rep.bound("tpu-v5e", "fused").notes
+    assert any("no vector_fp32 peak" in n for n in notes)
+    assert math.isfinite(rep.bound("tpu-v5e", "fused").seconds)
