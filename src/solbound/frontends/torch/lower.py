@@ -34,6 +34,8 @@ TORCH_DTYPES = {
     torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
     torch.uint8: "u8", torch.bool: "bool",
 }
+TORCH_DTYPES[torch.complex64] = "c64"
+TORCH_DTYPES[torch.complex128] = "c128"
 if hasattr(torch, "float8_e4m3fn"):
     TORCH_DTYPES[torch.float8_e4m3fn] = "f8e4m3"
     TORCH_DTYPES[torch.float8_e5m2] = "f8e5m2"

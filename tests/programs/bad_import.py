@@ -1,0 +1,2 @@
+import torch
+import not_a_real_module_xyz  # noqa: F401
