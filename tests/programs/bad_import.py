@@ -1,2 +1,1 @@
-import torch
 import not_a_real_module_xyz  # noqa: F401

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Union
 
-from .affine import Aff, Atom, Guard
+from .affine import Aff, Guard
 
 # ----------------------------------------------------------------------------
 # dtypes

@@ -15,7 +15,6 @@ un-decomposed export graph (``from_node``), so that e.g. ``silu``'s
 
 from __future__ import annotations
 
-import math
 import operator
 import os
 import re
@@ -25,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from ...ir.affine import Aff, Atom, Guard
-from ...ir.model import (Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl,
+from ...ir.model import (Access, Expr, Kernel, Program, TensorDecl,
                          subst_expr)
 from ...ir.text import RESERVED
 
@@ -142,8 +141,10 @@ class KernelBuilder:
                     out.append((j, m))
             return out
 
+        base_const = [a.const for a in acc]
+
         def fits(j: int, m: int, n: int) -> bool:
-            return j == 0 or (n - 1) * m < bshape[j]
+            return j == 0 or base_const[j] + (n - 1) * m < bshape[j]
 
         def place_var(v: str, n: int, s: int) -> None:
             """Place loop variable ``v`` (extent ``n``) with flat stride ``s``."""
@@ -156,7 +157,7 @@ class KernelBuilder:
                 raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
                                     f"of a {bshape} tensor is not affine")
             j, m = digits[0]
-            if bshape[j] % m or n % (bshape[j] // m):
+            if base_const[j] or bshape[j] % m or n % (bshape[j] // m):
                 raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
                                     f"of a {bshape} tensor is not affine")
             f = bshape[j] // m
@@ -218,6 +219,19 @@ class OpCtx:
         self.val = node.meta.get("val")
         self._nk = 0
 
+    def materialize_views(self) -> None:
+        """Copy every strided-view argument into a fresh contiguous tensor (in this
+        operator's group: no extra DRAM traffic), for accesses no split makes affine."""
+        from .rules.views import materialize
+
+        def m(a):
+            if isinstance(a, View) and not a.is_full:
+                return materialize(self, a)
+            if isinstance(a, (list, tuple)):
+                return type(a)(m(x) for x in a)
+            return a
+        self.args = m(self.args)
+
     # outputs ----------------------------------------------------------------
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -264,6 +278,8 @@ VIEW_OPS: set[str] = set()
 def rule(*names: str):
     """Register a lowering rule for ATen overloads (``aten.add.Tensor``) or packets (``aten.add``)."""
     def deco(fn: Rule) -> Rule:
+        if not hasattr(fn, "rule_id"):
+            fn.rule_id = names[0]
         for n in names:
             RULES[n] = fn
         return fn
@@ -303,6 +319,7 @@ class LoweredProgram:
     groups: dict[str, dict]      # op id -> {"name", "src"}
     # FX node name -> where its (first) tensor value lives in the IR, for diagnosis
     values: dict[str, dict] = field(default_factory=dict)
+    rules_used: set[str] = field(default_factory=set)
 
 
 def _src_of(node: torch.fx.Node, user_files: tuple[str, ...]) -> str:
@@ -335,6 +352,7 @@ class Lowering:
         self._kcount: dict[str, int] = {}
         self._cur_group = ("", "", "")
         self.node_src: dict[str, str] = {}
+        self.rules_used: set[str] = set()
 
     # names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -418,7 +436,7 @@ class Lowering:
                                      "strides": list(f.strides), "offset": f.offset,
                                      "src": self.node_src.get(node.name, "")}
         return LoweredProgram(program, self.unsupported, outputs, inputs, state, self.groups,
-                              values)
+                              values, self.rules_used)
 
     def _group_of(self, node: torch.fx.Node) -> tuple[str, str, str]:
         fn = node.meta.get("from_node") or []
@@ -440,15 +458,27 @@ class Lowering:
         fn = find_rule(target)
         reason = "no lowering rule"
         if fn is not None:
-            try:
-                fn(OpCtx(self, node))
-                if node in self.env:
-                    return
-                reason = "rule produced no value"
-            except LoweringError as e:
-                reason = str(e)
-            except (NotImplementedError, ValueError, TypeError, KeyError, IndexError) as e:
-                reason = f"{type(e).__name__}: {e}"
+            for attempt in ("direct", "materialized"):
+                mark = len(self.kernels)
+                try:
+                    ctx = OpCtx(self, node)
+                    if attempt == "materialized":
+                        ctx.materialize_views()
+                    fn(ctx)
+                    if node in self.env:
+                        self.rules_used.add(fn.rule_id)
+                        return
+                    reason = "rule produced no value"
+                    break
+                except LoweringError as e:
+                    del self.kernels[mark:]
+                    reason = str(e)
+                    if "not affine" not in reason:
+                        break
+                except (NotImplementedError, ValueError, TypeError, KeyError, IndexError) as e:
+                    del self.kernels[mark:]
+                    reason = f"{type(e).__name__}: {e}"
+                    break
         self._unsupported(node, reason)
 
     def _unsupported(self, node: torch.fx.Node, reason: str) -> None:

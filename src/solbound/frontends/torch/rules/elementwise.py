@@ -11,7 +11,7 @@ import math
 
 from ....ir.model import Call, Const
 from ..lower import LoweringError, OpCtx, rule
-from ._util import C, add, div, elementwise, f, mul, sub
+from ._util import C, add, elementwise, f, mul, sub
 
 
 def _ew(*names: str, arity: int | None = None):
@@ -25,6 +25,7 @@ def _ew(*names: str, arity: int | None = None):
             n = arity if arity is not None else len(ctx.args)
             ops = list(ctx.args[:n])
             ctx.bind(elementwise(ctx, lambda *xs: fn(ctx, *xs), ops))
+        lower.rule_id = names[0]
         rule(*names)(lower)
         return fn
     return deco
@@ -104,7 +105,10 @@ def _minimum(ctx, a, b):
 
 @_ew("aten.atan2", arity=2)
 def _atan2(ctx, a, b):
-    return f("atan", f("div", a, b))
+    # atan(a/b), shifted by +-pi in the left half-plane
+    shift = f("select", f("lt", b, C(0.0)),
+              f("select", f("ge", a, C(0.0)), C(math.pi), C(-math.pi)), C(0.0))
+    return add(f("atan", f("div", a, b)), shift)
 
 
 for _name, _op in (("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"),
@@ -126,21 +130,6 @@ def _not(ctx, a):
      arity=3)
 def _where(ctx, c, a, b):
     return f("select", c, a, b)
-
-
-@_ew("aten.lerp.Scalar", "aten.lerp.Tensor", arity=3)
-def _lerp(ctx, a, b, w):
-    return add(a, mul(w, sub(b, a)))
-
-
-@_ew("aten.addcmul", arity=3)
-def _addcmul(ctx, a, b, c):
-    return add(a, mul(C(ctx.kwargs.get("value", 1)), mul(b, c)))
-
-
-@_ew("aten.addcdiv", arity=3)
-def _addcdiv(ctx, a, b, c):
-    return add(a, mul(C(ctx.kwargs.get("value", 1)), div(b, c)))
 
 
 # --- unary ------------------------------------------------------------------------
@@ -174,11 +163,6 @@ def _gelu(ctx, a):
     return mul(mul(C(0.5), a), add(C(1.0), f("erf", mul(a, C(1.0 / math.sqrt(2.0))))))
 
 
-@_ew("aten.silu", arity=1)
-def _silu(ctx, a):
-    return mul(a, f("sigmoid", a))
-
-
 @_ew("aten.elu", arity=1)
 def _elu(ctx, a):
     alpha = _arg(ctx, 1, "alpha", 1.0)
@@ -209,59 +193,10 @@ def _scalar_or_load(ctx, v):
     raise LoweringError("clamp with tensor bounds")
 
 
-@_ew("aten.clamp_min", arity=1)
-def _clamp_min(ctx, a):
-    return f("maximum", a, C(_arg(ctx, 1, "min")))
-
-
-@_ew("aten.clamp_max", arity=1)
-def _clamp_max(ctx, a):
-    return f("minimum", a, C(_arg(ctx, 1, "max")))
-
-
 @_ew("aten.leaky_relu", arity=1)
 def _leaky(ctx, a):
     slope = _arg(ctx, 1, "negative_slope", 0.01)
     return f("select", f("gt", a, C(0.0)), a, mul(a, C(slope)))
-
-
-@_ew("aten.hardsigmoid", arity=1)
-def _hardsigmoid(ctx, a):
-    return f("minimum", f("maximum", add(mul(a, C(1.0 / 6.0)), C(0.5)), C(0.0)), C(1.0))
-
-
-@_ew("aten.hardswish", arity=1)
-def _hardswish(ctx, a):
-    return mul(a, f("minimum", f("maximum", add(mul(a, C(1.0 / 6.0)), C(0.5)), C(0.0)), C(1.0)))
-
-
-@_ew("aten.softplus", arity=1)
-def _softplus(ctx, a):
-    beta = _arg(ctx, 1, "beta", 1.0)
-    thr = _arg(ctx, 2, "threshold", 20.0)
-    bx = mul(a, C(beta))
-    return f("select", f("gt", bx, C(thr)), a, div(f("log1p", f("exp", bx)), C(beta)))
-
-
-@_ew("aten.threshold", arity=1)
-def _threshold(ctx, a):
-    thr, val = _arg(ctx, 1, "threshold"), _arg(ctx, 2, "value")
-    return f("select", f("gt", a, C(thr)), a, C(val))
-
-
-@_ew("aten.mish", arity=1)
-def _mish(ctx, a):
-    return mul(a, f("tanh", f("log1p", f("exp", a))))
-
-
-@_ew("aten.logit", arity=1)
-def _logit(ctx, a):
-    return f("log", div(a, sub(C(1.0), a)))
-
-
-@_ew("aten.masked_fill.Scalar", "aten.masked_fill.Tensor", arity=3)
-def _masked_fill(ctx, a, m, v):
-    return f("select", m, v, a)
 
 
 # --- copies and casts -----------------------------------------------------------------
@@ -276,8 +211,3 @@ def _clone(ctx, a):
 def _to_copy(ctx, a):
     return Call(f"to_{ctx.out_dtype}", (a,))
 
-
-@rule("aten.copy")
-def _copy(ctx: OpCtx) -> None:
-    # copy(dst, src): the result has dst's shape and dtype, src's values (broadcast)
-    ctx.bind(elementwise(ctx, lambda s: Call(f"to_{ctx.out_dtype}", (s,)), [ctx.args[1]]))

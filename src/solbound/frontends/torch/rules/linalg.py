@@ -7,10 +7,9 @@ same operator (they share on-chip storage in the unfused bound).
 
 from __future__ import annotations
 
-import math
 
 from ....ir.affine import Aff, Atom
-from ..lower import LoweringError, OpCtx, View, rule
+from ..lower import OpCtx, View, rule
 from ._util import C, add, bcast_index, dims_vars, mul
 
 

@@ -29,25 +29,9 @@ def full(ctx: OpCtx) -> None:
     _fill(ctx, ctx.args[1])
 
 
-@rule("aten.zeros", "aten.zeros_like", "aten.empty.memory_format", "aten.empty_like",
-      "aten.new_zeros", "aten.new_empty", "aten.empty_strided", "aten.new_empty_strided")
-def zeros(ctx: OpCtx) -> None:
-    _fill(ctx, 0)
-
-
-@rule("aten.ones", "aten.ones_like", "aten.new_ones")
-def ones(ctx: OpCtx) -> None:
-    _fill(ctx, 1)
-
-
 @rule("aten.scalar_tensor")
 def scalar_tensor(ctx: OpCtx) -> None:
     _fill(ctx, ctx.args[0])
-
-
-@rule("aten.fill.Scalar", "aten.new_full")
-def fill(ctx: OpCtx) -> None:
-    _fill(ctx, ctx.args[1])
 
 
 @rule("aten.arange.start_step", "aten.arange.start", "aten.arange.default", "aten.arange")
@@ -160,57 +144,41 @@ def gather(ctx: OpCtx) -> None:
 
 @rule("aten.index.Tensor")
 def index_tensor(ctx: OpCtx) -> None:
-    """x[i0, i1, ...] with index tensors on leading dims (None = full slice)."""
+    """Advanced indexing ``x[..., i, j, ...]``: an indirect access per indexed dim.
+
+    Adjacent index tensors put their broadcast dims in place; separated ones put
+    them first (NumPy/PyTorch semantics). ``None`` entries are full slices.
+    """
+    import torch
     x, indices = _table(ctx, ctx.args[0]), list(ctx.args[1])
+    indices += [None] * (x.ndim - len(indices))
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    if not pos:
+        raise LoweringError("index.Tensor without index tensors")
+    ishape = tuple(int(s) for s in torch.broadcast_shapes(*[indices[i].shape for i in pos]))
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
     out = ctx.output()
-    tens = [t for t in indices if t is not None]
-    if any(t is None for t in indices[: len(tens)]) or not tens:
-        raise LoweringError("index.Tensor with non-leading or missing index tensors")
-    ishape = tuple(int(s) for s in __import__("torch").broadcast_shapes(*[t.shape for t in tens]))
     kb = ctx.builder(out.shape)
     idx = dims_vars(out.ndim)
-    bi = idx[: len(ishape)]
+    ni = len(ishape)
+    first = pos[0] if adjacent else 0
+    bi = idx[first:first + ni]
+    rest = iter(idx[:first] + idx[first + ni:])
     xi = []
-    for t in tens:
-        xi.append(operand(kb, t, ishape, bi))
-    rest = idx[len(ishape):]
-    xi += rest
-    if len(xi) != x.ndim:
-        raise LoweringError("index.Tensor shape mismatch")
+    for i in range(x.ndim):
+        if indices[i] is None:
+            xi.append(next(rest))
+        else:
+            xi.append(operand(kb, indices[i], ishape, bi))
     ctx.emit(kb, out, idx, Access(x.base, tuple(xi)))
     ctx.bind(out)
 
 
-@rule("aten.native_dropout")
-def dropout(ctx: OpCtx) -> None:
-    x, p, train = ctx.args[0], ctx.args[1], ctx.args[2]
-    out, mask = ctx.output(0), ctx.output(1)
-    kb = ctx.builder(out.shape)
-    idx = dims_vars(out.ndim)
-    if not train or p == 0:
-        ctx.emit(kb, out, idx, kb.load(x, idx))
-    else:
-        raise LoweringError(f"random dropout (p={p}) in training mode has no deterministic IR")
-    kb = ctx.builder(mask.shape)
-    ctx.emit(kb, mask, dims_vars(mask.ndim), Const(True))
-    ctx.bind([out, mask])
-
-
-@rule("aten.tril", "aten.triu")
-def tri(ctx: OpCtx) -> None:
-    x = ctx.args[0]
-    diag = ctx.args[1] if len(ctx.args) > 1 else 0
-    out = ctx.output()
-    kb = ctx.builder(out.shape)
-    idx = dims_vars(out.ndim)
-    i, j = idx[-2], idx[-1]
-    # tril keeps j - i <= diag; triu keeps j - i >= diag
-    if "tril" in str(ctx.node.target):
-        guard = (Atom(i - j + diag, 0, None),)
-    else:
-        guard = (Atom(j - i - diag, 0, None),)
-    ctx.emit(kb, out, idx, kb.load(x, idx), guard=guard, fill=0.0)
-    ctx.bind(out)
-
-
 del math
+
+
+@rule("aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
+      "aten._assert_async", "aten.sym_constrain_range")
+def assertion(ctx: OpCtx) -> None:
+    """Runtime metadata assertions compute nothing."""
+    ctx.bind(None)

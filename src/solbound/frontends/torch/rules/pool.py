@@ -9,7 +9,7 @@ from __future__ import annotations
 from ....ir.affine import Aff, Atom
 from ....ir.model import Call, Const, Idx
 from ..lower import KernelBuilder, LoweringError, OpCtx, View, rule
-from ._util import C, div, f
+from ._util import C, div
 
 
 def _tuple(v, n, default=None):

@@ -50,7 +50,6 @@ rule("aten.amax", "aten.max.default")(_simple("max"))
 rule("aten.amin", "aten.min.default")(_simple("min"))
 rule("aten.prod.dim_int", "aten.prod.default", "aten.prod")(_simple("prod"))
 rule("aten.any.dim", "aten.any.dims", "aten.any.default", "aten.any")(_simple("any"))
-rule("aten.all.dim", "aten.all.dims", "aten.all.default", "aten.all")(_simple("all"))
 
 
 def _arg_reduce(op: str, with_values: bool):
@@ -178,3 +177,33 @@ def _scan(op: str):
 
 rule("aten.cumsum")(_scan("sum"))
 rule("aten.cumprod")(_scan("prod"))
+
+
+@rule("aten.linalg_vector_norm")
+def vector_norm(ctx: OpCtx) -> None:
+    """||x||_p: sqrt(sum x*x) for p=2, sum|x| for 1, max|x| for inf, else (sum |x|^p)^(1/p)."""
+    x = ctx.args[0]
+    ordp = ctx.args[1] if len(ctx.args) > 1 else ctx.kwargs.get("ord", 2)
+    rd = norm_dims(_dims_arg(ctx, 2, "dim"), x.ndim)
+    out = ctx.output()
+    from ._util import f
+    if ordp == float("inf"):
+        reduce_kernel(ctx, x, rd, "max", lambda a: f("abs", a), out, out.shape)
+        ctx.bind(out)
+        return
+    if ordp == 1:
+        reduce_kernel(ctx, x, rd, "sum", lambda a: f("abs", a), out, out.shape)
+        ctx.bind(out)
+        return
+    t = ctx.new_tensor(out.shape, out.dtype, ctx.node.name + "_sum")
+    if ordp == 2:
+        reduce_kernel(ctx, x, rd, "sum", lambda a: mul(a, a), t, out.shape)
+        post = lambda s: f("sqrt", s)  # noqa: E731
+    else:
+        reduce_kernel(ctx, x, rd, "sum", lambda a: f("pow", f("abs", a), C(float(ordp))), t,
+                      out.shape)
+        post = lambda s: f("pow", s, C(1.0 / ordp))  # noqa: E731
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    ctx.emit(kb, out, idx, post(kb.load(t, idx)))
+    ctx.bind(out)

@@ -1,0 +1,234 @@
+"""Every lowering rule, executed on random inputs at two or more awkward shapes
+(distinct, non-power-of-two extents; padding and stride edge cases) and
+compared with PyTorch through the validator.
+"""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers import Fn
+from solbound.frontends.torch.capture import export_program
+from solbound.frontends.torch.lower import RULES, lower
+from solbound.validate.golden import validate_lowered
+
+A, B = (3, 5), (2, 7, 3)
+
+
+def pos(x):
+    return x.abs() + 0.25
+
+
+UNARY = {
+    "abs": torch.abs, "neg": torch.neg, "exp": torch.exp, "exp2": torch.exp2,
+    "expm1": torch.expm1, "log": lambda x: torch.log(pos(x)), "log2": lambda x: torch.log2(pos(x)),
+    "log10": lambda x: torch.log10(pos(x)), "log1p": lambda x: torch.log1p(pos(x)),
+    "sqrt": lambda x: torch.sqrt(pos(x)), "rsqrt": lambda x: torch.rsqrt(pos(x)),
+    "reciprocal": lambda x: torch.reciprocal(pos(x)), "sin": torch.sin, "cos": torch.cos,
+    "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf,
+    "erfinv": lambda x: torch.erfinv(torch.tanh(x) * 0.9), "atan": torch.atan,
+    "floor": lambda x: torch.floor(x * 3), "ceil": lambda x: torch.ceil(x * 3),
+    "round": lambda x: torch.round(x * 3), "trunc": lambda x: torch.trunc(x * 3),
+    "sign": torch.sign, "relu": F.relu, "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "mish": F.mish,
+    "elu": lambda x: F.elu(x, alpha=0.7), "selu": F.selu, "celu": lambda x: F.celu(x, 1.3),
+    "hardtanh": lambda x: F.hardtanh(x, -0.5, 0.8), "leaky_relu": lambda x: F.leaky_relu(x, 0.2),
+    "softplus": lambda x: F.softplus(x, beta=2.0, threshold=1.0), "hardsigmoid": F.hardsigmoid,
+    "hardswish": F.hardswish, "logsigmoid": F.logsigmoid, "softsign": F.softsign,
+    "tanhshrink": F.tanhshrink, "threshold": lambda x: F.threshold(x, 0.1, -2.0),
+    "relu6": F.relu6, "clamp": lambda x: torch.clamp(x, -0.3, 0.4),
+    "clamp_min": lambda x: torch.clamp_min(x, -0.3), "clamp_max": lambda x: torch.clamp_max(x, 0.2),
+    "logit": lambda x: torch.logit(torch.sigmoid(x)), "isnan": lambda x: torch.isnan(x).float(),
+    "square": torch.square, "pow3": lambda x: x ** 3, "pow_half": lambda x: pos(x) ** 0.5,
+    "pow_neg1": lambda x: pos(x) ** -1, "pow_frac": lambda x: pos(x) ** 1.7,
+    "rsub": lambda x: 1.0 - x, "to_half": lambda x: x.to(torch.float64).float(),
+    "logical_not": lambda x: torch.logical_not(x > 0).float(),
+}
+
+BINARY = {
+    "add": lambda a, b: a + b, "add_alpha": lambda a, b: torch.add(a, b, alpha=0.5),
+    "sub": lambda a, b: a - b, "sub_alpha": lambda a, b: torch.sub(a, b, alpha=2.0),
+    "mul": lambda a, b: a * b, "div": lambda a, b: a / pos(b),
+    "div_floor": lambda a, b: torch.div(a, pos(b), rounding_mode="floor"),
+    "div_trunc": lambda a, b: torch.div(a, pos(b), rounding_mode="trunc"),
+    "remainder": lambda a, b: torch.remainder(a, pos(b)), "fmod": lambda a, b: torch.fmod(a, pos(b)),
+    "maximum": torch.maximum, "minimum": torch.minimum, "pow": lambda a, b: pos(a) ** b,
+    "atan2": torch.atan2, "eq": lambda a, b: (a.round() == b.round()).float(),
+    "ne": lambda a, b: (a.round() != b.round()).float(), "lt": lambda a, b: (a < b).float(),
+    "le": lambda a, b: (a <= b).float(), "gt": lambda a, b: (a > b).float(),
+    "ge": lambda a, b: (a >= b).float(),
+    "logical_and": lambda a, b: torch.logical_and(a > 0, b > 0).float(),
+    "logical_or": lambda a, b: torch.logical_or(a > 0, b > 0).float(),
+    "logical_xor": lambda a, b: torch.logical_xor(a > 0, b > 0).float(),
+    "bitwise": lambda a, b: ((a > 0) & (b > 0) | (a > 1) ^ (b < 0)).float(),
+    "where": lambda a, b: torch.where(a > b, a, b * 2), "lerp": lambda a, b: torch.lerp(a, b, 0.3),
+    "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.5),
+    "addcdiv": lambda a, b: torch.addcdiv(a, a, pos(b), value=0.5),
+    "masked_fill": lambda a, b: a.masked_fill(b > 0, -1.5),
+    "scalar_ops": lambda a, b: (a * 2.5 + 1) / 3 - b,
+}
+
+BIN_SHAPES = [((3, 5), (5,)), ((2, 7, 3), (7, 1)), ((4, 1, 6), (1, 5, 1))]
+
+CASES: list = []
+
+
+def case(name, fn, shapes_list, mods=None, make=None):
+    CASES.append((name, fn, shapes_list, mods or {}, make))
+
+
+for n, f in UNARY.items():
+    case(f"unary-{n}", lambda s, x, f=f: f(x), [(A,), (B,)])
+for n, f in BINARY.items():
+    case(f"binary-{n}", lambda s, a, b, f=f: f(a, b), BIN_SHAPES)
+
+# contractions
+case("mm", lambda s, a, b: a @ b, [((3, 5), (5, 7)), ((1, 9), (9, 2))])
+case("bmm", lambda s, a, b: torch.bmm(a, b), [((2, 3, 5), (2, 5, 7)), ((3, 1, 4), (3, 4, 6))])
+case("matmul-bcast", lambda s, a, b: torch.matmul(a, b), [((2, 1, 3, 5), (4, 5, 6)), ((7, 3), (3,))])
+case("linear", lambda s, x: s.l(x), [((3, 5),), ((2, 7, 5),)], {"l": nn.Linear(5, 6)})
+case("baddbmm", lambda s, c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=1.5),
+     [((2, 3, 7), (2, 3, 5), (2, 5, 7)), ((1, 1, 4), (1, 3, 2), (1, 2, 4))])
+case("einsum", lambda s, a, b: torch.einsum("bij,bjk->bik", a, b) + torch.einsum("bij->bj", a).sum(),
+     [((2, 3, 5), (2, 5, 4)), ((3, 2, 3), (3, 3, 5))])
+for pad, stride, dil, groups in ((0, 1, 1, 1), (1, 2, 1, 2), (2, 3, 2, 1), (1, 1, 1, 4)):
+    case(f"conv2d-p{pad}s{stride}d{dil}g{groups}", lambda s, x: s.c(x),
+         [((2, 4, 9, 7),), ((1, 4, 6, 11),)],
+         {"c": nn.Conv2d(4, 8, 3, stride=stride, padding=pad, dilation=dil, groups=groups)})
+case("conv1d", lambda s, x: s.c(x), [((2, 3, 11),), ((1, 3, 6),)], {"c": nn.Conv1d(3, 5, 4, padding=2)})
+case("conv3d", lambda s, x: s.c(x), [((1, 2, 5, 6, 7),), ((2, 2, 4, 3, 5),)],
+     {"c": nn.Conv3d(2, 3, (2, 3, 2), stride=(1, 2, 1), padding=(0, 1, 1))})
+for stride, pad, opad, dil, groups in ((1, 0, 0, 1, 1), (2, 1, 1, 1, 1), (3, 2, 0, 2, 2), (2, 0, 1, 1, 3)):
+    case(f"convT2d-s{stride}p{pad}o{opad}d{dil}g{groups}", lambda s, x: s.c(x),
+         [((1, 6, 5, 4),), ((2, 6, 3, 7),)],
+         {"c": nn.ConvTranspose2d(6, 3 * groups, 3, stride=stride, padding=pad,
+                                  output_padding=opad, dilation=dil, groups=groups)})
+case("convT1d", lambda s, x: s.c(x), [((2, 3, 7),), ((1, 3, 4),)],
+     {"c": nn.ConvTranspose1d(3, 4, 5, stride=3, padding=1)})
+case("convT3d", lambda s, x: s.c(x), [((1, 2, 3, 4, 5),), ((1, 2, 2, 3, 2),)],
+     {"c": nn.ConvTranspose3d(2, 3, 3, stride=2, padding=1)})
+
+# reductions and scans
+for n, f in {
+    "sum": lambda x: x.sum(-1), "sum_all": lambda x: x.sum(), "sum_keep": lambda x: x.sum(0, keepdim=True),
+    "mean": lambda x: x.mean((0, -1)), "mean_all": lambda x: x.mean(), "amax": lambda x: x.amax(-1),
+    "amin": lambda x: x.amin(0), "max_all": lambda x: x.max(), "min_all": lambda x: x.min(),
+    "max_dim": lambda x: x.max(-1).values + x.max(-1).indices, "min_dim": lambda x: x.min(0).values,
+    "argmax": lambda x: torch.argmax(x, -1), "argmin": lambda x: torch.argmin(x, 0),
+    "var": lambda x: x.var(-1), "var0": lambda x: torch.var(x, 0, correction=0),
+    "std": lambda x: x.std(-1, keepdim=True), "var_mean": lambda x: sum(torch.var_mean(x, -1)),
+    "prod": lambda x: x.prod(-1), "any": lambda x: (x > 1).any(-1).float(),
+    "all": lambda x: (x > -1).all(0).float(), "cumsum": lambda x: x.cumsum(-1),
+    "cumprod": lambda x: (x * 0.5).cumprod(0), "norm": lambda x: torch.linalg.vector_norm(x, dim=-1),
+    "logsumexp": lambda x: torch.logsumexp(x, -1), "softmax": lambda x: torch.softmax(x, -1),
+    "softmax0": lambda x: torch.softmax(x, 0), "log_softmax": lambda x: torch.log_softmax(x, -1),
+}.items():
+    case(f"reduce-{n}", lambda s, x, f=f: f(x), [(A,), (B,)])
+
+# normalization
+case("layer_norm", lambda s, x: s.n(x), [((3, 5),), ((2, 7, 5),)], {"n": nn.LayerNorm(5)})
+case("layer_norm_2d", lambda s, x: F.layer_norm(x, (7, 3)), [((2, 7, 3),), ((1, 7, 3),)])
+case("batch_norm2d_train", lambda s, x: s.n(x), [((3, 4, 5, 3),), ((2, 4, 1, 7),)], {"n": nn.BatchNorm2d(4)})
+case("batch_norm1d_train", lambda s, x: s.n(x), [((3, 4, 5),), ((5, 4),)], {"n": nn.BatchNorm1d(4)})
+case("batch_norm_eval", lambda s, x: s.n(x), [((3, 4, 5, 3),), ((2, 4, 1, 7),)],
+     {"n": nn.BatchNorm2d(4).eval()})
+case("group_norm", lambda s, x: s.n(x), [((2, 6, 5),), ((3, 6, 2, 3),)], {"n": nn.GroupNorm(3, 6)})
+case("instance_norm", lambda s, x: s.n(x), [((2, 3, 5, 4),), ((1, 3, 7, 3),)], {"n": nn.InstanceNorm2d(3)})
+
+# pooling
+for n, f in {
+    "max2d": lambda x: F.max_pool2d(x, 2), "max2d_pad": lambda x: F.max_pool2d(x, 3, 2, 1),
+    "max2d_dil": lambda x: F.max_pool2d(x, 2, 1, 0, 2), "max2d_ceil": lambda x: F.max_pool2d(x, 2, ceil_mode=True),
+    "avg2d": lambda x: F.avg_pool2d(x, 2), "avg2d_pad": lambda x: F.avg_pool2d(x, 3, 2, 1),
+    "avg2d_nopad": lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
+    "avg2d_ceil": lambda x: F.avg_pool2d(x, 2, ceil_mode=True),
+    "adaptive_avg1": lambda x: F.adaptive_avg_pool2d(x, 1),
+    "adaptive_avg3": lambda x: F.adaptive_avg_pool2d(x, (3, 2)),
+    "adaptive_max": lambda x: F.adaptive_max_pool2d(x, 1),
+    "max1d": lambda x: F.max_pool1d(x.flatten(2), 3, 2), "avg1d": lambda x: F.avg_pool1d(x.flatten(2), 2),
+}.items():
+    case(f"pool-{n}", lambda s, x, f=f: f(x), [((2, 3, 7, 5),), ((1, 2, 6, 9),)])
+case("pool-max3d", lambda s, x: F.max_pool3d(x, 2, 1, 1), [((1, 2, 5, 4, 3),), ((2, 1, 3, 5, 4),)])
+case("pool-avg3d", lambda s, x: F.avg_pool3d(x, 2), [((1, 2, 5, 4, 3),), ((2, 1, 3, 5, 4),)])
+case("pool-adaptive-avg3d", lambda s, x: F.adaptive_avg_pool3d(x, 1), [((1, 2, 5, 4, 3),), ((2, 1, 3, 5, 4),)])
+
+
+# indexing, concatenation, constructors, views
+def ints(high):
+    return lambda shape: torch.randint(0, high, shape)
+
+
+case("embedding", lambda s, i: s.e(i), [((2, 3),), ((5,),)], {"e": nn.Embedding(11, 4)}, make=ints(11))
+case("gather", lambda s, x: torch.gather(x, 1, (x.abs() * 3).long().clamp(max=x.shape[1] - 1)),
+     [((3, 5),), ((2, 7, 3),)])
+case("index_select", lambda s, x, i: torch.index_select(x, 1, i) + x[:, i],
+     [((3, 5), (4,)), ((2, 5, 3), (7,))], make=lambda sh: torch.randn(*sh) if len(sh) > 1 else torch.randint(0, 5, sh))
+case("cat", lambda s, a, b: torch.cat([a, b * 2, a], -1), [((3, 5), (3, 2)), ((2, 7, 3), (2, 7, 1))])
+case("cat0", lambda s, a, b: torch.cat([a, b], 0), [((3, 5), (2, 5)), ((1, 7, 3), (2, 7, 3))])
+case("stack", lambda s, a, b: torch.stack([a, b], 1), [((3, 5), (3, 5)), ((2, 7, 3), (2, 7, 3))])
+case("pad", lambda s, x: F.pad(x, (1, 2, 0, 3), value=0.5), [((3, 5),), ((2, 7, 3),)])
+case("pad-crop", lambda s, x: F.pad(x, (-1, 2)), [((3, 5),), ((2, 7, 3),)])
+case("constructors", lambda s, x: x + torch.ones_like(x) * 2 + torch.zeros(x.shape[-1]) +
+     torch.full((x.shape[-1],), 1.5) + torch.arange(x.shape[-1]), [((3, 5),), ((2, 7, 3),)])
+case("arange-float", lambda s, x: x * torch.arange(0.5, x.shape[-1] * 0.5 + 0.5, 0.5), [((3, 5),), ((2, 7, 3),)])
+case("tril-triu", lambda s, x: torch.tril(x, -1) + torch.triu(x, 1), [((5, 5),), ((2, 4, 6),)])
+def _views(x):
+    y = x.transpose(0, 1).contiguous()
+    n = y[0].numel()
+    return y.view(-1)[n:3 * n].reshape(2, -1)[1:] * 2
+
+
+case("views", lambda s, x: _views(x), [((3, 5),), ((2, 7, 3),)])
+case("flatten-slice-merge", lambda s, x: x[:, 1:].flatten() * 3, [((3, 5),), ((4, 7, 3),)])
+case("expand-select-chunk", lambda s, x: sum(c.sum() for c in x[..., None].expand(*x.shape, 2).chunk(2, 0)),
+     [((4, 5),), ((2, 7, 3),)])
+case("unbind-split", lambda s, x: x.split([1, x.shape[0] - 1])[1].sum(0) + x.unbind(0)[0],
+     [((3, 5),), ((2, 7, 3),)])
+case("diagonal", lambda s, x: torch.diagonal(x, 0, -2, -1) * 2, [((5, 5),), ((2, 4, 4),)])
+case("dropout-eval", lambda s, x: F.dropout(x, 0.5, training=False) + F.dropout(x, 0.0), [(A,), (B,)])
+case("sdpa", lambda s, q, k, v: F.scaled_dot_product_attention(q, k, v),
+     [((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 4)), ((1, 2, 7, 3), (1, 2, 7, 3), (1, 2, 7, 3))])
+case("sdpa-causal", lambda s, q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+     [((2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 4)), ((1, 2, 7, 3), (1, 2, 7, 3), (1, 2, 7, 3))])
+case("mha", lambda s, x: s.m(x, x, x)[0], [((2, 5, 6),), ((1, 7, 6),)],
+     {"m": nn.MultiheadAttention(6, 2, batch_first=True)})
+
+def make_inputs(shapes, make):
+    return [make(s) if make else torch.randn(*s) for s in shapes]
+
+
+_CACHE: dict = {}
+
+
+def lowered_for(name, fn, shapes, mods, make):
+    key = (name, shapes)
+    if key not in _CACHE:
+        _CACHE[key] = _lowered_for(name, fn, shapes, mods, make)
+    return _CACHE[key]
+
+
+def _lowered_for(name, fn, shapes, mods, make):
+    torch.manual_seed(hash(name) % 1000)
+    m = Fn(fn, **mods)
+    inputs = make_inputs(shapes, make)
+    ep = export_program(m, tuple(inputs), name)
+    return m, inputs, ep, lower(ep)
+
+
+@pytest.mark.parametrize("name,fn,shapes_list,mods,make", CASES, ids=[c[0] for c in CASES])
+def test_rule_matches_pytorch(name, fn, shapes_list, mods, make):
+    for shapes in shapes_list:
+        m, inputs, ep, low = lowered_for(name, fn, shapes, mods, make)
+        assert not low.unsupported, [(u.operator, u.reason) for u in low.unsupported]
+        res = validate_lowered(low, ep, m, tuple(inputs))
+        assert res["status"] == "passed", (shapes, res)
+
+
+def test_every_rule_is_differentially_tested():
+    used = set()
+    for name, fn, shapes_list, mods, make in CASES:
+        for shapes in shapes_list:
+            used |= lowered_for(name, fn, shapes, mods, make)[3].rules_used
+    all_rules = {f.rule_id for f in RULES.values()}
+    assert all_rules - used == set()
