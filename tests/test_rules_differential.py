@@ -39,6 +39,8 @@ UNARY = {
     "tanhshrink": F.tanhshrink, "threshold": lambda x: F.threshold(x, 0.1, -2.0),
     "relu6": F.relu6, "clamp": lambda x: torch.clamp(x, -0.3, 0.4),
     "clamp_min": lambda x: torch.clamp_min(x, -0.3), "clamp_max": lambda x: torch.clamp_max(x, 0.2),
+    "clamp_tensor": lambda x: torch.clamp(x, x.mean(-1, keepdim=True), x.amax(-1, keepdim=True) * 0.5),
+    "flip": lambda x: torch.flip(x, (0, -1)), "cumsum_reverse": lambda x: x.flip(-1).cumsum(-1).flip(-1),
     "logit": lambda x: torch.logit(torch.sigmoid(x)), "isnan": lambda x: torch.isnan(x).float(),
     "square": torch.square, "pow3": lambda x: x ** 3, "pow_half": lambda x: pos(x) ** 0.5,
     "pow_neg1": lambda x: pos(x) ** -1, "pow_frac": lambda x: pos(x) ** 1.7,
@@ -186,6 +188,22 @@ case("expand-select-chunk", lambda s, x: sum(c.sum() for c in x[..., None].expan
 case("unbind-split", lambda s, x: x.split([1, x.shape[0] - 1])[1].sum(0) + x.unbind(0)[0],
      [((3, 5),), ((2, 7, 3),)])
 case("diagonal", lambda s, x: torch.diagonal(x, 0, -2, -1) * 2, [((5, 5),), ((2, 4, 4),)])
+case("dropout-train-p0", lambda s, x: s.d(x), [(A,), (B,)], {"d": nn.Dropout(0.0).train()})
+
+
+class _State(nn.Module):
+    """A plain tensor attribute updated in forward (lifted to a buffer: copy + write)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("h", torch.zeros(5))
+
+    def forward(self, x):
+        self.h.copy_(x.sum(0)[:5] if x.dim() == 2 else x.sum((0, 1))[:5].expand(5))
+        return x * 2 + self.h.sum()
+
+
+case("copy-into-buffer", None, [((3, 5),), ((2, 7, 5),)], {"module": _State})
 case("dropout-eval", lambda s, x: F.dropout(x, 0.5, training=False) + F.dropout(x, 0.0), [(A,), (B,)])
 case("sdpa", lambda s, q, k, v: F.scaled_dot_product_attention(q, k, v),
      [((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 4)), ((1, 2, 7, 3), (1, 2, 7, 3), (1, 2, 7, 3))])
@@ -209,8 +227,8 @@ def lowered_for(name, fn, shapes, mods, make):
 
 
 def _lowered_for(name, fn, shapes, mods, make):
-    torch.manual_seed(hash(name) % 1000)
-    m = Fn(fn, **mods)
+    torch.manual_seed(sum(map(ord, name)))
+    m = mods["module"]() if "module" in mods else Fn(fn, **mods)
     inputs = make_inputs(shapes, make)
     ep = export_program(m, tuple(inputs), name)
     return m, inputs, ep, lower(ep)

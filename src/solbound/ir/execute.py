@@ -203,6 +203,9 @@ class _KernelExec:
             return np.asarray(e.expr.evaluate(env))
         assert isinstance(e, Call)
         args = [self.eval(a, ranges, env) for a in e.args]
+        if e.op == "rand":
+            shape = tuple(ranges[d][1] - ranges[d][0] for d in self.dims)
+            return np.random.default_rng(0).random(shape)
         if e.op.startswith("to_"):
             dt = e.op[3:]
             a = args[0]

@@ -77,6 +77,9 @@ SCALAR_OPS: dict[str, tuple[int, str | None]] = {
     "select": (3, VECTOR), "floor": (1, VECTOR), "ceil": (1, VECTOR),
     "round": (1, VECTOR), "trunc": (1, VECTOR), "sign": (1, VECTOR),
     "fma": (3, VECTOR), "isnan": (1, VECTOR),
+    # a uniform [0, 1) draw per point (random number generation): not reproducible
+    # against the framework's generator, so programs using it are not value-validated
+    "rand": (0, VECTOR),
     # special functions (transcendentals; one special-function-unit op each)
     "exp": (1, SPECIAL), "exp2": (1, SPECIAL), "log": (1, SPECIAL), "log2": (1, SPECIAL),
     "log1p": (1, SPECIAL), "expm1": (1, SPECIAL), "tanh": (1, SPECIAL),

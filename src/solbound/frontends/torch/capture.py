@@ -151,12 +151,30 @@ def export_program(model, inputs: tuple, source: str = "program"):
     if not isinstance(model, nn.Module):
         raise FrontendError(f"{source}: Model is not a torch.nn.Module")
     args = tuple(inputs)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ep = torch.export.export(model, args, strict=False)
-            ep = ep.run_decompositions()
-    except Exception as e:  # noqa: BLE001
-        raise FrontendError(f"{source}: torch.export failed to trace ({_where(e)}): "
-                            f"{_oneline(e)}") from None
-    return ep
+    for attempt in (0, 1):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ep = torch.export.export(model, args, strict=False)
+                return ep.run_decompositions()
+        except Exception as e:  # noqa: BLE001
+            if attempt == 0 and "mutated" in str(e) and _lift_tensor_attributes(model):
+                continue   # a plain tensor attribute updated in forward: now a buffer
+            raise FrontendError(f"{source}: torch.export failed to trace ({_where(e)}): "
+                                f"{_oneline(e)}") from None
+    raise AssertionError("unreachable")
+
+
+def _lift_tensor_attributes(model) -> bool:
+    """Register plain tensor attributes (state kept across calls, e.g. an RNN's
+    ``self.hidden``) as buffers, so their updates are traced as buffer writes."""
+    import torch
+    lifted = False
+    for mod in model.modules():
+        for name, val in list(vars(mod).items()):
+            if isinstance(val, torch.Tensor) and not isinstance(val, torch.nn.Parameter) \
+                    and not name.startswith("_"):
+                delattr(mod, name)
+                mod.register_buffer(name, val)
+                lifted = True
+    return lifted

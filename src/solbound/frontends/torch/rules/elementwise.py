@@ -172,25 +172,27 @@ def _elu(ctx, a):
     return f("select", f("gt", a, C(0.0)), mul(a, C(scale)), neg)
 
 
-@_ew("aten.hardtanh", "aten.clamp", "aten.clamp.Tensor", arity=1)
-def _clamp(ctx, a):
-    name = str(ctx.node.target)
-    if "hardtanh" in name:
-        lo, hi = _arg(ctx, 1, "min_val", -1.0), _arg(ctx, 2, "max_val", 1.0)
-    else:
-        lo, hi = _arg(ctx, 1, "min", None), _arg(ctx, 2, "max", None)
-    out = a
-    if lo is not None:
-        out = f("maximum", out, _scalar_or_load(ctx, lo))
-    if hi is not None:
-        out = f("minimum", out, _scalar_or_load(ctx, hi))
-    return out
+@_ew("aten.hardtanh", arity=1)
+def _hardtanh(ctx, a):
+    lo, hi = _arg(ctx, 1, "min_val", -1.0), _arg(ctx, 2, "max_val", 1.0)
+    return f("minimum", f("maximum", a, C(lo)), C(hi))
 
 
-def _scalar_or_load(ctx, v):
-    if isinstance(v, (int, float)):
-        return C(v)
-    raise LoweringError("clamp with tensor bounds")
+@rule("aten.clamp", "aten.clamp.Tensor")
+def _clamp(ctx: OpCtx) -> None:
+    """max(x, lo) then min(., hi); bounds may be numbers or tensors (broadcast)."""
+    lo, hi = _arg(ctx, 1, "min", None), _arg(ctx, 2, "max", None)
+    ops = [ctx.args[0]] + [b for b in (lo, hi) if b is not None]
+
+    def body(a, *bs):
+        it = iter(bs)
+        out = a
+        if lo is not None:
+            out = f("maximum", out, next(it))
+        if hi is not None:
+            out = f("minimum", out, next(it))
+        return out
+    ctx.bind(elementwise(ctx, body, ops))
 
 
 @_ew("aten.leaky_relu", arity=1)
@@ -211,3 +213,9 @@ def _clone(ctx, a):
 def _to_copy(ctx, a):
     return Call(f"to_{ctx.out_dtype}", (a,))
 
+
+
+@rule("aten.copy")
+def _copy(ctx: OpCtx) -> None:
+    """copy(dst, src): dst's shape and dtype, src's values (broadcast)."""
+    ctx.bind(elementwise(ctx, lambda v: Call(f"to_{ctx.out_dtype}", (v,)), [ctx.args[1]]))

@@ -182,3 +182,38 @@ del math
 def assertion(ctx: OpCtx) -> None:
     """Runtime metadata assertions compute nothing."""
     ctx.bind(None)
+
+
+@rule("aten.flip")
+def flip(ctx: OpCtx) -> None:
+    """A copy with reversed indices along the flipped dims (``n - 1 - i``: affine)."""
+    x, dims = ctx.args[0], ctx.args[1]
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    flipped = {d % x.ndim for d in dims}
+    xi = [(-idx[i] + (x.shape[i] - 1)) if i in flipped else idx[i] for i in range(x.ndim)]
+    ctx.emit(kb, out, idx, kb.load(x, xi))
+    ctx.bind(out)
+
+
+@rule("aten.native_dropout")
+def dropout(ctx: OpCtx) -> None:
+    """Training-mode dropout: a Bernoulli mask from a uniform draw per element,
+    ``out = mask ? x / (1 - p) : 0``. The draw is the ``rand`` scalar op; programs
+    with random ops are counted but not comparable value by value."""
+    x, p, train = ctx.args[0], ctx.args[1], ctx.args[2]
+    out, mask = ctx.output(0), ctx.output(1)
+    kb = ctx.builder(mask.shape)
+    idx = dims_vars(mask.ndim)
+    if not train or p == 0:
+        ctx.emit(kb, mask, idx, Const(True))
+        kb = ctx.builder(out.shape)
+        ctx.emit(kb, out, idx, kb.load(x, idx))
+    else:
+        ctx.emit(kb, mask, idx, Call("lt", (Call("rand", ()), Const(1.0 - p))))
+        kb = ctx.builder(out.shape)
+        body = Call("select", (kb.load(mask, idx), mul(kb.load(x, idx), C(1.0 / (1.0 - p))),
+                               Const(0.0)))
+        ctx.emit(kb, out, idx, body)
+    ctx.bind([out, mask])

@@ -1,0 +1,107 @@
+"""Validation: golden comparison, first divergent kernel, reduced shapes, `validate --ir`."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import solbound
+from helpers import Fn, r
+from solbound.frontends.torch.lower import RULES
+from solbound.ir.text import print_program
+
+PROG = os.path.join(os.path.dirname(__file__), "programs")
+
+
+def test_validate_passes_and_reports_shapes_and_errors():
+    rep = solbound.analyze_source(os.path.join(PROG, "small_convnet.py"), validate=True)
+    v = rep.validation
+    assert v["status"] == "passed" and v["reduced"] is False
+    assert v["shapes"] == {"x": [4, 3, 16, 16]}
+    assert all(o["worst_rel_error"] is not None and o["worst_rel_error"] <= v["tolerance"]
+               for o in v["outputs"])
+    # training mode: the running-stat buffer writes are compared too
+    assert any(o["kind"] == "buffer_mutation" for o in v["outputs"])
+
+
+def test_wrong_rule_is_diagnosed_with_kernel_and_source(monkeypatch):
+    good = RULES["aten.sigmoid"]
+
+    def bad(ctx):
+        from solbound.frontends.torch.rules._util import elementwise, f
+        ctx.bind(elementwise(ctx, lambda a: f("tanh", a), [ctx.args[0]]))
+    bad.rule_id = good.rule_id
+    monkeypatch.setitem(RULES, "aten.sigmoid", bad)
+    m = Fn(lambda s, x: torch.sigmoid(s.l(x)) * 2)
+    m.l = nn.Linear(4, 6)
+    rep = solbound.analyze(m, (r(3, 4),), validate=True)
+    v = rep.validation
+    assert v["status"] == "failed"
+    fd = v["first_divergence"]
+    assert fd["operator"] == "aten.sigmoid.default" and fd["kernel"].startswith("k_sigmoid")
+    assert fd["source"] == "helpers.py:17"
+
+
+def test_reduced_shapes_when_over_budget():
+    rep = solbound.analyze_source(os.path.join(PROG, "big_batch.py"), validate=True,
+                                  max_bytes=200_000)
+    v = rep.validation
+    assert v["status"] == "passed" and v["reduced"] is True
+    assert "batch_size=512->" in v["reduced_by"]
+    assert v["shapes"]["x"][0] < 512 and v["shapes"]["x"][1] == 48
+
+
+def test_skipped_when_nothing_can_shrink():
+    rep = solbound.analyze_source(os.path.join(PROG, "no_sizes.py"), validate=True,
+                                  max_bytes=10_000)
+    v = rep.validation
+    assert v["status"] == "skipped" and "no reduced instance" in v["reason"]
+
+
+def test_bf16_program_runs_wide_with_a_bf16_tolerance():
+    m = Fn(lambda s, x: torch.softmax(s.l(x), -1))
+    m.l = nn.Linear(16, 24).to(torch.bfloat16)
+    rep = solbound.analyze(m, (r(5, 16).to(torch.bfloat16),), validate=True)
+    v = rep.validation
+    assert v["status"] == "passed", v
+    assert "eps(bf16)" in v["tolerance_rule"] and v["tolerance"] > 1e-3
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "solbound.cli", *args], capture_output=True,
+                          text=True)
+
+
+def test_validate_ir_exit_codes(tmp_path):
+    src = os.path.join(PROG, "small_convnet.py")
+    rep = solbound.analyze_source(src)
+    good = tmp_path / "good.ir"
+    good.write_text(print_program(rep.program))
+    assert _cli("validate", src, "--ir", str(good)).returncode == 0
+    bad = tmp_path / "bad.ir"
+    bad.write_text(good.read_text().replace("exp(", "exp2("))
+    res = _cli("validate", src, "--ir", str(bad))
+    assert res.returncode == 1
+    assert "first divergent kernel: k__softmax" in res.stderr
+    invalid = tmp_path / "invalid.ir"
+    invalid.write_text("import os\n")
+    res = _cli("validate", src, "--ir", str(invalid))
+    assert res.returncode == 2 and "line 1" in res.stderr
+
+
+def test_validate_ir_written_by_hand(tmp_path):
+    """An IR written outside solbound, with its own names, matched by role and order."""
+    src = tmp_path / "relu2.py"
+    src.write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                   "    def forward(self, x):\n        return torch.relu(x) * 2\n\n"
+                   "def get_inputs():\n    return [torch.randn(3, 5)]\n\n"
+                   "def get_init_inputs():\n    return []\n")
+    ir = tmp_path / "relu2.ir"
+    ir.write_text("# solbound IR v1\na = input(f32[3, 5])\nb = output(f32[3, 5])\n\n"
+                  "@kernel(i=3, j=5)\ndef twice_relu():\n    b[i, j] = maximum(a[i, j], 0.0) * 2.0\n")
+    assert _cli("validate", str(src), "--ir", str(ir)).returncode == 0
+    ir.write_text(ir.read_text().replace("* 2.0", "* 3.0"))
+    assert _cli("validate", str(src), "--ir", str(ir)).returncode == 1
