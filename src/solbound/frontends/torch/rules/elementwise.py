@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ....ir.model import Call, Const
-from ..lower import LoweringError, OpCtx, rule
+from ..lower import OpCtx, rule
 from ._util import C, add, elementwise, f, mul, sub
 
 
