@@ -192,18 +192,19 @@ case("dropout-train-p0", lambda s, x: s.d(x), [(A,), (B,)], {"d": nn.Dropout(0.0
 
 
 class _State(nn.Module):
-    """A plain tensor attribute updated in forward (lifted to a buffer: copy + write)."""
+    """State kept in a tensor attribute, overwritten in place from an input (aten.copy)."""
 
     def __init__(self):
         super().__init__()
-        self.register_buffer("h", torch.zeros(5))
+        self.h = torch.zeros(5)
 
-    def forward(self, x):
-        self.h.copy_(x.sum(0)[:5] if x.dim() == 2 else x.sum((0, 1))[:5].expand(5))
-        return x * 2 + self.h.sum()
+    def forward(self, x, h0):
+        self.h.copy_(h0)
+        self.h = self.h * 0.5 + x.sum()
+        return x * 2 + self.h
 
 
-case("copy-into-buffer", None, [((3, 5),), ((2, 7, 5),)], {"module": _State})
+case("copy-into-buffer", None, [((3, 5), (5,)), ((2, 7, 5), (5,))], {"module": _State})
 case("dropout-eval", lambda s, x: F.dropout(x, 0.5, training=False) + F.dropout(x, 0.0), [(A,), (B,)])
 case("sdpa", lambda s, q, k, v: F.scaled_dot_product_attention(q, k, v),
      [((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 4)), ((1, 2, 7, 3), (1, 2, 7, 3), (1, 2, 7, 3))])
@@ -211,6 +212,32 @@ case("sdpa-causal", lambda s, q, k, v: F.scaled_dot_product_attention(q, k, v, i
      [((2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 4)), ((1, 2, 7, 3), (1, 2, 7, 3), (1, 2, 7, 3))])
 case("mha", lambda s, x: s.m(x, x, x)[0], [((2, 5, 6),), ((1, 7, 6),)],
      {"m": nn.MultiheadAttention(6, 2, batch_first=True)})
+
+# recurrent layers: a loop over time steps, never unrolled
+class _RNN(nn.Module):
+    def __init__(self, cls, **kw):
+        super().__init__()
+        self.rnn = cls(**kw)
+
+    def forward(self, x, *h):
+        out = self.rnn(x, *h) if h else self.rnn(x)
+        y, hn = out
+        hn = hn if isinstance(hn, torch.Tensor) else hn[0] + hn[1]
+        return y.sum() + hn.sum() * 0 + y * 1, hn
+
+
+for _n, _cls, _kw in (
+    ("lstm", nn.LSTM, dict(input_size=5, hidden_size=7)),
+    ("lstm-2layer-bidir-bf", nn.LSTM, dict(input_size=5, hidden_size=6, num_layers=2,
+                                           bidirectional=True, batch_first=True)),
+    ("gru", nn.GRU, dict(input_size=5, hidden_size=7)),
+    ("gru-bidir-nobias", nn.GRU, dict(input_size=5, hidden_size=3, bidirectional=True, bias=False)),
+    ("rnn-tanh", nn.RNN, dict(input_size=5, hidden_size=4, num_layers=2)),
+    ("rnn-relu", nn.RNN, dict(input_size=5, hidden_size=4, nonlinearity="relu", batch_first=True)),
+):
+    case(f"recurrent-{_n}", None, [((6, 3, 5),), ((3, 1, 5),)],
+         {"module": (lambda cls=_cls, kw=_kw: _RNN(cls, **kw))})
+
 
 def make_inputs(shapes, make):
     return [make(s) if make else torch.randn(*s) for s in shapes]
@@ -248,5 +275,20 @@ def test_every_rule_is_differentially_tested():
     for name, fn, shapes_list, mods, make in CASES:
         for shapes in shapes_list:
             used |= lowered_for(name, fn, shapes, mods, make)[3].rules_used
+    used |= lower(export_program(RANDOM, (torch.randn(3, 5),), "rand")).rules_used
     all_rules = {f.rule_id for f in RULES.values()}
     assert all_rules - used == set()
+
+
+
+RANDOM = Fn(lambda s, x: s.d(x) + torch.randn(x.shape) + torch.rand_like(x), d=nn.Dropout(0.3))
+
+
+def test_random_ops_are_counted_but_not_compared():
+    x = torch.randn(3, 5)
+    ep = export_program(RANDOM, (x,), "rand")
+    low = lower(ep)
+    assert not low.unsupported
+    assert {"aten.native_dropout", "aten.randn"} <= low.rules_used
+    res = validate_lowered(low, ep, RANDOM, (x,))
+    assert res["status"] == "skipped" and "random" in res["reason"]

@@ -95,7 +95,7 @@ def _union(fps: list[Footprint], numel: int) -> Footprint:
 
 def count_kernel(n: Einsum, tensors) -> KernelCounts:
     k = n.kernel
-    ext = k.extents
+    ext = k.count_extents
     points = domain_size(ext, k.guard)
     body, sfu = _body_ops(k)
     flops: dict[str, int] = {MATRIX: 0, VECTOR: 0, SPECIAL: 0}

@@ -14,8 +14,10 @@ def check_program(p: Program) -> None:
     tensors = p.tensor_map
     written: set[str] = set()
     for k in p.kernels:
-        dims = k.extents
+        dims = k.count_extents
         where = f"kernel {k.name}"
+        if k.loop is not None and k.loop[0] in k.extents:
+            raise IRError(f"{where}: loop variable {k.loop[0]!r} is also a kernel dimension")
 
         def check_aff(a: Aff, ctx: str) -> None:
             for v in a.vars:

@@ -390,16 +390,35 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
             arrays[t.name] = np.ascontiguousarray(a.astype(np_dtype(t.dtype, wide), copy=False))
         else:
             arrays[t.name] = np.zeros(t.shape, dtype=np_dtype(t.dtype, wide))
-    for k in p.kernels:
+    def run_one(k: Kernel, shown: Kernel) -> None:
         try:
             _KernelExec(k, arrays, decls, wide).run()
         except ExecutionError:
             raise
         except Exception as e:  # noqa: BLE001 - name the kernel
-            raise ExecutionError(f"kernel {k.name} ({k.opname or k.op}, {k.src or '?'}): "
-                                 f"{type(e).__name__}: {e}") from e
+            raise ExecutionError(f"kernel {shown.name} ({shown.opname or shown.op}, "
+                                 f"{shown.src or '?'}): {type(e).__name__}: {e}") from e
+
+    i, ks = 0, p.kernels
+    while i < len(ks):
+        k = ks[i]
+        if k.loop is None:
+            run_one(k, k)
+            if on_kernel is not None:
+                on_kernel(k, arrays)
+            i += 1
+            continue
+        j = i
+        while j < len(ks) and ks[j].loop is not None and ks[j].loop[2] == k.loop[2]:
+            j += 1
+        body = ks[i:j]
+        for it in range(k.loop[1]):     # a sequential loop: iterations in order
+            for kk in body:
+                run_one(kk.bind_loop(it), kk)
         if on_kernel is not None:
-            on_kernel(k, arrays)
+            for kk in body:
+                on_kernel(kk, arrays)
+        i = j
     return arrays
 
 

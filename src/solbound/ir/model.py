@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Union
 
-from .affine import Aff, Guard
+from .affine import Aff, Atom, Guard
 
 # ----------------------------------------------------------------------------
 # dtypes
@@ -222,10 +222,29 @@ class Kernel:
     opname: str = ""
     src: str = ""
     unit: str = ""
+    # the sequential loop this kernel runs in: (variable, trip count, loop id). Kernels
+    # sharing a loop id form one loop body, executed in order for each iteration; the
+    # variable may appear in the kernel's indices and guards (e.g. a time step).
+    loop: tuple[str, int, int] | None = None
 
     @property
     def extents(self) -> dict[str, int]:
         return dict(self.dims)
+
+    @property
+    def count_extents(self) -> dict[str, int]:
+        """The loop nest for counting: the enclosing sequential loop's variable first."""
+        if self.loop is None:
+            return dict(self.dims)
+        return {self.loop[0]: self.loop[1], **dict(self.dims)}
+
+    def bind_loop(self, value: int) -> "Kernel":
+        """This kernel for one iteration of its sequential loop."""
+        v = self.loop[0]
+        sub = {v: Aff.lit(value)}
+        return replace(self, loop=None, out_index=tuple(a.subst(sub) for a in self.out_index),
+                       body=subst_expr(self.body, sub),
+                       guard=tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in self.guard))
 
     @property
     def out_vars(self) -> set[str]:

@@ -42,7 +42,7 @@ HEADER = "# solbound IR v1"
 MAX_TEXT = 50_000_000
 RESERVED = frozenset(set(SCALAR_OPS) | set(REDUCE_OPS) | set(SCAN_OPS) | set(DTYPE_BYTES)
                      | set(ROLES) | {"kernel", "origin", "note", "inf", "nan", "where",
-                                     "over", "True", "False", "None"})
+                                     "over", "True", "False", "None", "range"})
 
 
 class IRSyntaxError(ValueError):
@@ -174,9 +174,16 @@ def print_program(p: Program) -> str:
     for t in p.tensors:
         shape = ", ".join(str(s) for s in t.shape) if t.shape else "()"
         out.append(f"{t.name} = {t.role}({t.dtype}[{shape}])")
+    current = None
     for k in p.kernels:
+        lid = k.loop[2] if k.loop else None
         out.append("")
-        out.append(print_kernel(k))
+        if lid is not None and lid != current:
+            out.append(f"for {k.loop[0]} in range({k.loop[1]}):")
+            out.append("")
+        current = lid
+        text = print_kernel(k)
+        out.append(text if lid is None else "\n".join("    " + ln for ln in text.split("\n")))
     return "\n".join(out) + "\n"
 
 
@@ -367,7 +374,7 @@ class _KernelParser:
 
 
 def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
-                  seen_out: set[str]) -> Kernel:
+                  seen_out: set[str], loop: tuple[str, int, int] | None = None) -> Kernel:
     name = _name_ok(fn, fn.name, "kernel")
     if fn.args.args or fn.args.vararg or fn.args.kwarg or fn.args.kwonlyargs \
             or fn.args.posonlyargs or fn.returns is not None:
@@ -405,7 +412,9 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
     stmt = fn.body[0]
     if len(stmt.targets) != 1:
         raise _err(stmt, "one assignment target")
-    kp = _KernelParser(tensors, dims)
+    if loop is not None and loop[0] in dims:
+        raise _err(fn, f"kernel {name}: dimension {loop[0]!r} is the enclosing loop's variable")
+    kp = _KernelParser(tensors, dims if loop is None else {**dims, loop[0]: loop[1]})
     tgt = stmt.targets[0]
     outs = [kp.target(t) for t in tgt.elts] if isinstance(tgt, ast.Tuple) else [kp.target(tgt)]
     if len(outs) > 2:
@@ -463,7 +472,24 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
                   out_index=outs[0].index, body=body, reduce=reduce, guard=guard, fill=fill,
                   scan=scan, out2=outs[1].tensor if len(outs) == 2 else None,
                   op=meta.get("op", ""), opname=meta.get("name", ""), src=meta.get("src", ""),
-                  unit=meta.get("unit", ""))
+                  unit=meta.get("unit", ""), loop=loop)
+
+
+def _parse_loop(stmt: ast.For, tensors: dict[str, TensorDecl], lid: int) -> tuple[str, int, int]:
+    """``for VAR in range(N):`` over kernels: a sequential loop (e.g. time steps)."""
+    if stmt.orelse or getattr(stmt, "type_comment", None):
+        raise _err(stmt, "a loop has no else-branch")
+    if not isinstance(stmt.target, ast.Name):
+        raise _err(stmt, "a loop variable is one name")
+    it = stmt.iter
+    if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
+            and len(it.args) == 1 and not it.keywords and isinstance(it.args[0], ast.Constant)
+            and type(it.args[0].value) is int and it.args[0].value >= 1):
+        raise _err(stmt, "loops are `for VAR in range(N)` with a positive integer N")
+    var = _name_ok(stmt, stmt.target.id, "loop variable")
+    if var in tensors:
+        raise _err(stmt, f"loop variable {var!r} shadows a tensor")
+    return (var, it.args[0].value, lid)
 
 
 def _parse_tensor(stmt: ast.Assign) -> TensorDecl:
@@ -506,6 +532,7 @@ def parse_program(text: str) -> Program:
     notes: list[str] = []
     seen_out: set[str] = set()
     names: set[str] = set()
+    n_loops = 0
     try:
         for stmt in tree.body:
             if isinstance(stmt, ast.Assign):
@@ -521,6 +548,17 @@ def parse_program(text: str) -> Program:
                     raise _err(stmt, f"kernel {k.name} defined twice")
                 names.add(k.name)
                 kernels.append(k)
+            elif isinstance(stmt, ast.For):
+                loop = _parse_loop(stmt, tensors, n_loops)
+                n_loops += 1
+                for fn in stmt.body:
+                    if not isinstance(fn, ast.FunctionDef):
+                        raise _err(fn, "a loop body holds @kernel functions only")
+                    k = _parse_kernel(fn, tensors, seen_out, loop)
+                    if k.name in names:
+                        raise _err(fn, f"kernel {k.name} defined twice")
+                    names.add(k.name)
+                    kernels.append(k)
             elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
                   and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "note"
                   and len(stmt.value.args) == 1 and not stmt.value.keywords

@@ -153,16 +153,79 @@ def export_program(model, inputs: tuple, source: str = "program"):
     args = tuple(inputs)
     for attempt in (0, 1):
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _fast_recurrent_shapes():
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(model, args, strict=False)
-                return ep.run_decompositions()
+                return ep.run_decompositions(_decomp_table())
         except Exception as e:  # noqa: BLE001
             if attempt == 0 and "mutated" in str(e) and _lift_tensor_attributes(model):
                 continue   # a plain tensor attribute updated in forward: now a buffer
             raise FrontendError(f"{source}: torch.export failed to trace ({_where(e)}): "
                                 f"{_oneline(e)}") from None
     raise AssertionError("unreachable")
+
+
+KEEP = ("aten.lstm.input", "aten.gru.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
+
+
+def _decomp_table():
+    """Core ATen decompositions, except recurrent layers: those are lowered whole, as a
+    loop over time steps (unrolling them would make thousands of nodes)."""
+    from torch.export import default_decompositions
+    table = default_decompositions()
+    for op in list(table.keys()):
+        if str(op) in KEEP:
+            del table[op]
+    return table
+
+
+class _fast_recurrent_shapes:
+    """While tracing, give recurrent ops a shape-only implementation on fake/meta tensors.
+
+    PyTorch computes their output shapes by running the per-time-step decomposition on
+    fake tensors (minutes for a 6-layer, 512-step LSTM). Real tensors keep the original
+    kernels; everything is restored on exit.
+    """
+
+    def __enter__(self):
+        import torch
+        import torch._decomp as decomp
+        from torch._subclasses.fake_tensor import FakeTensor
+        self.saved = []
+        for name in KEEP:
+            packet, overload = name.split(".")[1:]
+            op = getattr(getattr(torch.ops.aten, packet), overload)
+
+            def shaped(orig, lstm=packet == "lstm"):
+                def fn(input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+                       batch_first):
+                    if not isinstance(input, FakeTensor) and input.device.type != "meta":
+                        return orig(input, hx, params, has_biases, num_layers, dropout, train,
+                                    bidirectional, batch_first)
+                    h = hx[0] if lstm else hx
+                    out = input.new_empty(list(input.shape[:-1])
+                                          + [(2 if bidirectional else 1) * h.shape[-1]])
+                    if lstm:
+                        return out, h.new_empty(h.shape), hx[1].new_empty(hx[1].shape)
+                    return out, h.new_empty(h.shape)
+                return fn
+            self.saved.append((op, dict(op.py_kernels), decomp.decomposition_table.get(op)))
+            for key, orig in list(op.py_kernels.items()):
+                op.py_kernels[key] = shaped(orig)
+            if op in decomp.decomposition_table:
+                decomp.decomposition_table[op] = shaped(decomp.decomposition_table[op])
+            op._dispatch_cache.clear()
+        return self
+
+    def __exit__(self, *exc):
+        import torch._decomp as decomp
+        for op, kernels, dec in self.saved:
+            op.py_kernels.clear()
+            op.py_kernels.update(kernels)
+            if dec is not None:
+                decomp.decomposition_table[op] = dec
+            op._dispatch_cache.clear()
+        return False
 
 
 def _lift_tensor_attributes(model) -> bool:

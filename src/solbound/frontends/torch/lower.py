@@ -186,7 +186,8 @@ class KernelBuilder:
 
     def finish(self, name: str, out: str, out_index: list[Aff], body: Expr, *,
                reduce: str | None = None, guard: Guard = (), fill=0, scan: str | None = None,
-               out2: str | None = None, unit: str = "") -> Kernel:
+               out2: str | None = None, unit: str = "",
+               loop: tuple[str, int, int] | None = None) -> Kernel:
         sub = dict(self.splits)
         # loops of extent 1 carry no information: fold them to the constant 0
         ones = {d: Aff.lit(0) for d, n in self.dims if n == 1}
@@ -201,7 +202,7 @@ class KernelBuilder:
             out_index=tuple(Aff.of(a).subst(sub) for a in out_index),
             body=subst_expr(body, sub), reduce=reduce,
             guard=tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in guard), fill=fill,
-            scan=scan, out2=out2, unit=unit)
+            scan=scan, out2=out2, unit=unit, loop=loop)
 
 
 # ============================================================================
@@ -348,7 +349,8 @@ class Lowering:
         self.unsupported: list[Unsupported] = []
         self.notes: list[str] = []
         self.groups: dict[str, dict] = {}
-        self._names: set[str] = set(RESERVED)
+        # tensor names never collide with the loop-variable names rules use
+        self._names: set[str] = set(RESERVED) | {"t", "b", "g", "k", "j", "c", "cc", "kk", "ts"}
         self._kcount: dict[str, int] = {}
         self._cur_group = ("", "", "")
         self.node_src: dict[str, str] = {}
@@ -365,6 +367,10 @@ class Lowering:
             name = f"{base}_{i}"
         self._names.add(name)
         return name
+
+    def new_loop(self, var: str, count: int) -> tuple[str, int, int]:
+        self._loops = getattr(self, "_loops", 0) + 1
+        return (var, count, self._loops)
 
     def kernel_name(self, hint: str) -> str:
         return self.fresh("k_" + hint)

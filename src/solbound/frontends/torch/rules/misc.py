@@ -217,3 +217,13 @@ def dropout(ctx: OpCtx) -> None:
                                Const(0.0)))
         ctx.emit(kb, out, idx, body)
     ctx.bind([out, mask])
+
+
+@rule("aten.randn", "aten.rand", "aten.randn_like", "aten.rand_like", "aten.normal",
+      "aten.uniform", "aten.bernoulli")
+def random(ctx: OpCtx) -> None:
+    """Random tensors: one draw per element (the ``rand`` op). Counted, not value-validated."""
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    ctx.emit(kb, out, dims_vars(out.ndim), Call(f"to_{ctx.out_dtype}", (Call("rand", ()),)))
+    ctx.bind(out)
