@@ -106,11 +106,26 @@ def _child(conn, path, arch, policy, validate):
         conn.close()
 
 
+def _warm_up() -> None:
+    """Trace a tiny program in the parent so that forked children inherit torch.export's
+    warmed-up state (its first call in a process costs seconds)."""
+    import warnings
+    import torch
+    import torch.nn as nn
+    from .api import analyze
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 6 * 6, 5), nn.Softmax(-1))
+        analyze(m, (torch.empty(2, 3, 8, 8),), arch="h100-sxm")
+
+
 def run(problems, *, arch="h100-sxm", policy=None, validate=False, timings=None, timeout=120.0,
         jobs=1, progress=print) -> list[dict]:
     import torch  # noqa: F401 - imported once in the parent, shared by forked children
     from . import api  # noqa: F401
     from .frontends.torch import rules  # noqa: F401
+    _warm_up()
     ctx = mp.get_context("fork")
     timings = timings or {}
     rows: list[dict] = [None] * len(problems)  # type: ignore[list-item]
