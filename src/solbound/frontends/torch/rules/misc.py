@@ -114,32 +114,27 @@ def embedding(ctx: OpCtx) -> None:
     ctx.bind(out)
 
 
-@rule("aten.index_select")
-def index_select(ctx: OpCtx) -> None:
+def _gather_dim(ctx: OpCtx, index_at) -> None:
+    """out[i...] = x[..., index[index_at(i...)], ...] along ``dim`` (an indirect access)."""
     x, dim, index = _table(ctx, ctx.args[0]), ctx.args[1], ctx.args[2]
     dim %= x.ndim
     out = ctx.output()
     kb = ctx.builder(out.shape)
     idx = dims_vars(out.ndim)
-    ia = kb.load(index, [idx[dim]])
     xi = list(idx)
-    xi[dim] = ia
+    xi[dim] = kb.load(index, index_at(idx, dim))
     ctx.emit(kb, out, idx, Access(x.base, tuple(xi)))
     ctx.bind(out)
+
+
+@rule("aten.index_select")
+def index_select(ctx: OpCtx) -> None:
+    _gather_dim(ctx, lambda idx, dim: [idx[dim]])
 
 
 @rule("aten.gather")
 def gather(ctx: OpCtx) -> None:
-    x, dim, index = _table(ctx, ctx.args[0]), ctx.args[1], ctx.args[2]
-    dim %= x.ndim
-    out = ctx.output()
-    kb = ctx.builder(out.shape)
-    idx = dims_vars(out.ndim)
-    ia = kb.load(index, idx)
-    xi = list(idx)
-    xi[dim] = ia
-    ctx.emit(kb, out, idx, Access(x.base, tuple(xi)))
-    ctx.bind(out)
+    _gather_dim(ctx, lambda idx, dim: idx)
 
 
 @rule("aten.index.Tensor")

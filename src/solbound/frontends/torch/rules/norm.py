@@ -78,26 +78,16 @@ def layer_norm(ctx: OpCtx) -> None:
     rd = list(range(x.ndim - nn_, x.ndim))
     _, k = _kept(x, rd)
     _moments(ctx, x, rd, mean, rstd, eps)
-    ops = [(x, _same), (mean, k), (rstd, k)]
-    aff = (lambda xi: xi[x.ndim - nn_:])
-    if w is not None:
-        ops.append((w, aff))
-    if b is not None:
-        ops.append((b, aff))
-
-    def body(a, mm, rs, *wb):
-        yv = mul(sub(a, mm), rs)
-        if w is not None:
-            yv = mul(yv, wb[0])
-        if b is not None:
-            yv = add(yv, wb[-1])
-        return yv
-    _map(ctx, y, body, *ops)
+    _normalize(ctx, x, y, mean, rstd, w, b, k, lambda xi: xi[x.ndim - nn_:])
     ctx.bind([y, mean, rstd])
 
 
 def _bn_apply(ctx, x: View, y: View, mean, rstd, w, b, stat_of) -> None:
-    param_of = (lambda xi: [xi[1]])
+    _normalize(ctx, x, y, mean, rstd, w, b, stat_of, lambda xi: [xi[1]])
+
+
+def _normalize(ctx, x: View, y: View, mean, rstd, w, b, stat_of, param_of) -> None:
+    """y = (x - mean) * rstd [* w] [+ b]; statistics and affine parameters broadcast."""
     ops = [(x, _same), (mean, stat_of), (rstd, stat_of)]
     if w is not None:
         ops.append((w, param_of))
