@@ -94,7 +94,15 @@ def analyze_one(path: str, arch: str, policy: str | None, validate: bool) -> dic
     return row
 
 
+MEMORY_LIMIT = 10 * 2**30   # per worker: a runaway problem fails alone instead of the machine
+
+
 def _child(conn, path, arch, policy, validate):
+    try:
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    except (ValueError, OSError):
+        pass
     try:
         conn.send(("ok", analyze_one(path, arch, policy, validate)))
     except BaseException as e:  # noqa: BLE001 - one problem's failure is one row

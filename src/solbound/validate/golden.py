@@ -23,7 +23,7 @@ from ..ir.execute import ExecutionError, execute
 from ..ir.model import Program
 
 EPS = {"f64": 2.2e-16, "f32": 1.19e-7, "bf16": 7.8e-3, "f16": 9.8e-4}
-DEFAULT_MAX_BYTES = 6 * 2**30
+DEFAULT_MAX_BYTES = 3 * 2**30
 DEFAULT_MAX_SECONDS = 60.0
 EXEC_FLOPS_PER_S = 4e9     # rough numpy throughput on this class of machine, for the budget
 
@@ -57,8 +57,9 @@ def tolerance(dtype: str, k_max: int, depth: int) -> float:
 
 def rel_error(a: np.ndarray, b: np.ndarray) -> float:
     """max|a-b| / max|b| (scale-relative; NaN/inf must match exactly)."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    wide = np.float64 if np.asarray(b).dtype == np.float64 else np.float32
+    a = np.asarray(a, dtype=wide)
+    b = np.asarray(b, dtype=wide)
     if a.shape != b.shape:
         return math.inf
     if a.size == 0:
@@ -76,9 +77,10 @@ def rel_error(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def estimate_cost(p: Program, flops: int) -> tuple[int, float]:
-    """(bytes, seconds) the executor will need, roughly."""
+    """(bytes, seconds) a validation needs, roughly: the framework's tensors, the IR's
+    arrays and the comparison's temporaries (about four copies of every tensor)."""
     mem = sum(t.numel * (8 if t.dtype in ("f64", "i64") else 4) for t in p.tensors)
-    return mem * 2, flops / EXEC_FLOPS_PER_S
+    return mem * 4, flops / EXEC_FLOPS_PER_S
 
 
 def _to_np(t) -> np.ndarray:
