@@ -20,7 +20,8 @@ import numpy as np
 
 from ..graph.einsum import classify
 from ..ir.execute import ExecutionError, execute
-from ..ir.model import Program
+from ..ir.affine import Aff
+from ..ir.model import Program, accesses
 
 EPS = {"f64": 2.2e-16, "f32": 1.19e-7, "bf16": 7.8e-3, "f16": 9.8e-4}
 DEFAULT_MAX_BYTES = 3 * 2**30
@@ -80,7 +81,15 @@ def estimate_cost(p: Program, flops: int) -> tuple[int, float]:
     """(bytes, seconds) a validation needs, roughly: the framework's tensors, the IR's
     arrays and the comparison's temporaries (about four copies of every tensor)."""
     mem = sum(t.numel * (8 if t.dtype in ("f64", "i64") else 4) for t in p.tensors)
-    return mem * 4, flops / EXEC_FLOPS_PER_S
+    # an einsum over strided views may materialize an operand's whole view (im2col)
+    peak = 0
+    for k in p.kernels:
+        if classify(k) == "contraction":
+            ext = k.extents
+            for a in accesses(k.body):
+                used = {v for i in a.index if isinstance(i, Aff) for v in i.vars}
+                peak = max(peak, math.prod(ext[v] for v in used if v in ext) * 4 * 2)
+    return mem * 4 + peak, flops / EXEC_FLOPS_PER_S
 
 
 def _to_np(t) -> np.ndarray:
@@ -208,7 +217,8 @@ def _state_value(model, target: str, lowered):
 
 
 def _structure(p: Program) -> list[tuple]:
-    return [(k.opname, classify(k), k.reduce, len(k.dims)) for k in p.kernels]
+    return [(k.opname, classify(k), k.reduce, k.scan is not None, k.loop is not None)
+            for k in p.kernels]
 
 
 def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
@@ -278,8 +288,11 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
             return rep.validation
         found = None
         for factor, new_problem in problem.shrink():
-            m, inp = new_problem.build("meta")
-            ep_r = export_program(m, inp, problem.source)
+            try:
+                m, inp = new_problem.build("meta")
+                ep_r = export_program(m, inp, problem.source)
+            except Exception:  # noqa: BLE001 - a size the program does not accept
+                continue
             low_r = lower(ep_r)
             if _structure(low_r.program) != _structure(lowered.program):
                 continue

@@ -42,11 +42,11 @@ class Problem:
         sizes = {k: v for k, v in vars(self.module).items()
                  if type(v) is int and not k.startswith("_") and v >= 2}
         batchy = [k for k in sizes if "batch" in k.lower()]
+        large = sorted(k for k, v in sizes.items() if v >= 32)   # not kernel sizes or strides
         plans = []
-        if batchy:
-            plans.append(batchy)
-        if sizes:
-            plans.append(sorted(sizes))
+        for names in (batchy, sorted(set(batchy) | set(large)), sorted(sizes)):
+            if names and names not in plans:
+                plans.append(names)
         seen = set()
         for names in plans:
             for shift in range(1, 8):
