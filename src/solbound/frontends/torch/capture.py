@@ -43,19 +43,28 @@ class Problem:
                  if type(v) is int and not k.startswith("_") and v >= 2}
         batchy = [k for k in sizes if "batch" in k.lower()]
         large = sorted(k for k, v in sizes.items() if v >= 32)   # not kernel sizes or strides
-        plans = []
-        for names in (batchy, sorted(set(batchy) | set(large)), sorted(sizes)):
-            if names and names not in plans:
-                plans.append(names)
+        plans: list[tuple[list[str], bool]] = []      # (int names, shrink tuple shapes too)
+        for names, tuples in ((batchy, False), (sorted(set(batchy) | set(large)), True),
+                              (sorted(sizes), True)):
+            if (names or tuples) and (names, tuples) not in plans:
+                plans.append((names, tuples))
+        # tuple shapes (input_shape = (4096,)) shrink with the large plan, element-wise
+        shapes = {k: v for k, v in vars(self.module).items()
+                  if isinstance(v, tuple) and v and all(type(x) is int and x >= 1 for x in v)
+                  and not k.startswith("_")}
         seen = set()
-        for names in plans:
+        for names, tuples in plans:
             for shift in range(1, 8):
-                new = {k: max(1, sizes[k] >> shift) for k in names}
+                new: dict = {k: max(1, sizes[k] >> shift) for k in names}
+                if tuples:
+                    new.update({k: tuple(max(1, x >> shift) if x >= 32 else x for x in v)
+                                for k, v in shapes.items()})
                 key = tuple(sorted(new.items()))
-                if key in seen or all(new[k] == sizes[k] for k in names):
+                if key in seen or all(new[k] == sizes.get(k, shapes.get(k)) for k in new):
                     continue
                 seen.add(key)
-                desc = ", ".join(f"{k}={sizes[k]}->{new[k]}" for k in names)
+                desc = ", ".join(f"{k}={sizes.get(k, shapes.get(k))}->{new[k]}" for k in new
+                                 if new[k] != sizes.get(k, shapes.get(k)))
                 yield desc, _file_problem(self.source, overrides=new)
 
 
