@@ -48,16 +48,16 @@ class Problem:
                               (sorted(sizes), True)):
             if (names or tuples) and (names, tuples) not in plans:
                 plans.append((names, tuples))
-        # tuple shapes (input_shape = (4096,)) shrink with the large plan, element-wise
+        # tuple/list shapes (input_shape = (4096,), layer sizes) shrink with the large plan
         shapes = {k: v for k, v in vars(self.module).items()
-                  if isinstance(v, tuple) and v and all(type(x) is int and x >= 1 for x in v)
+                  if isinstance(v, (tuple, list)) and v and all(type(x) is int and x >= 1 for x in v)
                   and not k.startswith("_")}
         seen = set()
         for names, tuples in plans:
             for shift in range(1, 8):
                 new: dict = {k: max(1, sizes[k] >> shift) for k in names}
                 if tuples:
-                    new.update({k: tuple(max(1, x >> shift) if x >= 32 else x for x in v)
+                    new.update({k: type(v)(max(1, x >> shift) if x >= 32 else x for x in v)
                                 for k, v in shapes.items()})
                 key = tuple(sorted(new.items()))
                 if key in seen or all(new[k] == sizes.get(k, shapes.get(k)) for k in new):
