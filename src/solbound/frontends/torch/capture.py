@@ -59,7 +59,7 @@ class Problem:
                 if tuples:
                     new.update({k: type(v)(max(1, x >> shift) if x >= 32 else x for x in v)
                                 for k, v in shapes.items()})
-                key = tuple(sorted(new.items()))
+                key = repr(sorted(new.items()))
                 if key in seen or all(new[k] == sizes.get(k, shapes.get(k)) for k in new):
                     continue
                 seen.add(key)
