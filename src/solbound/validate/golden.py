@@ -144,17 +144,8 @@ def run_original(model, inputs: tuple, lowered, ep=None) -> dict[str, Any]:
     feeds: dict[str, np.ndarray] = {}
     before = {}
     for s in lowered.state:
-        try:
-            val = _resolve(model, s["target"])
-        except AttributeError:
-            # a constant torch.export lifted out of forward (e.g. torch.tensor(...))
-            if ep is None or s["target"] not in ep.constants:
-                raise
-            val = ep.constants[s["target"]]
-        before[s["target"]] = val.detach().clone()
-    user = [i for i in lowered.inputs]
-    flat_inputs = [x for x in inputs]
-    for spec, val in zip(user, flat_inputs):
+        before[s["target"]] = _state_value(model, s["target"], ep).detach().clone()
+    for spec, val in zip(lowered.inputs, inputs):
         if spec.get("ir"):
             feeds[spec["ir"]] = _to_np(val)
     for s in lowered.state:
@@ -204,7 +195,7 @@ def first_divergence(ep, lowered, model, inputs, arrays, tol: float) -> dict | N
         if kind == "USER_INPUT":
             args.append(next(user_iter))
         else:
-            args.append(_state_value(model, spec.target, lowered))
+            args.append(_state_value(model, spec.target, ep))
     produced: dict[str, str] = {}
     for k in lowered.program.kernels:
         produced.setdefault(k.out, k.name)
@@ -240,8 +231,15 @@ def first_divergence(ep, lowered, model, inputs, arrays, tol: float) -> dict | N
     return probe.found
 
 
-def _state_value(model, target: str, lowered):
-    return _resolve(model, target)
+def _state_value(model, target: str, ep=None):
+    """A parameter/buffer of the model, or a constant torch.export lifted out of forward
+    (e.g. ``torch.tensor(...)``), which lives in the exported program."""
+    try:
+        return _resolve(model, target)
+    except AttributeError:
+        if ep is None or target not in ep.constants:
+            raise
+        return ep.constants[target]
 
 
 def _structure(p: Program) -> list[tuple]:

@@ -218,7 +218,6 @@ class OpCtx:
         self.args = low.map_args(node.args)
         self.kwargs = low.map_args(node.kwargs)
         self.val = node.meta.get("val")
-        self._nk = 0
 
     def materialize_views(self) -> None:
         """Copy every strided-view argument into a fresh contiguous tensor (in this
@@ -259,7 +258,6 @@ class OpCtx:
         return KernelBuilder(self.low, dims)
 
     def emit(self, kb: KernelBuilder, out: View, out_index, body: Expr, **kw) -> None:
-        self._nk += 1
         name = self.low.kernel_name(self.node.name)
         target = kb.load(out, [Aff.of(a) for a in out_index])
         if "out2" in kw and kw["out2"] is not None and isinstance(kw["out2"], View):
@@ -273,7 +271,6 @@ class OpCtx:
 
 Rule = Callable[[OpCtx], None]
 RULES: dict[str, Rule] = {}
-VIEW_OPS: set[str] = set()
 
 
 def rule(*names: str):

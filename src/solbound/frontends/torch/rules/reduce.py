@@ -57,12 +57,7 @@ def _arg_reduce(op: str, with_values: bool):
     def lower(ctx: OpCtx) -> None:
         x = ctx.args[0]
         dim = _dims_arg(ctx, 1, "dim")
-        if dim is None:
-            flat = x
-            rd = list(range(x.ndim))
-        else:
-            rd = [dim % x.ndim]
-            flat = x
+        rd = list(range(x.ndim)) if dim is None else [dim % x.ndim]
         if with_values:
             vals, idxs = ctx.output(0), ctx.output(1)
             kept = [i for i in range(x.ndim) if i not in rd]
@@ -70,7 +65,7 @@ def _arg_reduce(op: str, with_values: bool):
             xi = _index(x.ndim, kept, rd)
             from ._util import _out_index
             out_idx = _out_index(idxs, x.ndim, kept, rd)
-            ctx.emit(kb, idxs, out_idx, kb.load(flat, xi), reduce=op, out2=vals.base)
+            ctx.emit(kb, idxs, out_idx, kb.load(x, xi), reduce=op, out2=vals.base)
             ctx.bind([vals, idxs])
         else:
             out = ctx.output()
@@ -80,7 +75,7 @@ def _arg_reduce(op: str, with_values: bool):
             kb = ctx.builder([x.shape[i] for i in kept], [x.shape[i] for i in rd])
             xi = _index(x.ndim, kept, rd)
             from ._util import _out_index
-            ctx.emit(kb, out, _out_index(out, x.ndim, kept, rd), kb.load(flat, xi), reduce=op)
+            ctx.emit(kb, out, _out_index(out, x.ndim, kept, rd), kb.load(x, xi), reduce=op)
             ctx.bind(out)
     return lower
 
