@@ -182,6 +182,14 @@ def _views(x):
 
 
 case("views", lambda s, x: _views(x), [((3, 5),), ((2, 7, 3),)])
+# ViT's patchify: reshaping unfolded patches to rows whose length (C*p*p) is not a
+# multiple of the inner sizes interleaves dimensions at non-aligned offsets: the base
+# is addressed as flat storage
+case("patchify-interleave", lambda s, x: x.unfold(2, 2, 2).unfold(3, 2, 2)
+     .reshape(x.shape[0], -1, 4 * x.shape[1]) @ s.w, [((2, 3, 4, 4),), ((1, 3, 2, 10),)],
+     mods={"w": nn.Parameter(torch.randn(12, 5))})
+case("reshape-interleave-offset", lambda s, x: (x.t() + 1).reshape(-1)[3:].reshape(-1, 5).sum(0),
+     [((4, 7),), ((6, 3),)])
 case("flatten-slice-merge", lambda s, x: x[:, 1:].flatten() * 3, [((3, 5),), ((4, 7, 3),)])
 case("expand-select-chunk", lambda s, x: sum(c.sum() for c in x[..., None].expand(*x.shape, 2).chunk(2, 0)),
      [((4, 5),), ((2, 7, 3),)])
@@ -237,6 +245,22 @@ for _n, _cls, _kw in (
 ):
     case(f"recurrent-{_n}", None, [((6, 3, 5),), ((3, 1, 5),)],
          {"module": (lambda cls=_cls, kw=_kw: _RNN(cls, **kw))})
+
+
+class _CellStateOnly(nn.Module):
+    """Only c_n is used: the last layer's hidden-state updates are live only through the
+    loop-carried recurrence (KernelBench 37_LSTMCn)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(5, 6, num_layers=2, batch_first=True)
+
+    def forward(self, x):
+        return self.rnn(x)[1][1]
+
+
+case("recurrent-lstm-cell-state-only", None, [((3, 6, 5),), ((1, 4, 5),)],
+     {"module": _CellStateOnly})
 
 
 def make_inputs(shapes, make):

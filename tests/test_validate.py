@@ -9,6 +9,7 @@ import torch.nn as nn
 
 import solbound
 from helpers import Fn, r
+import solbound.frontends.torch.rules  # noqa: F401  (registers the rules)
 from solbound.frontends.torch.lower import RULES
 from solbound.ir.text import print_program
 
@@ -42,6 +43,25 @@ def test_wrong_rule_is_diagnosed_with_kernel_and_source(monkeypatch):
     fd = v["first_divergence"]
     assert fd["operator"] == "aten.sigmoid.default" and fd["kernel"].startswith("k_sigmoid")
     assert fd["source"] == "helpers.py:17"
+    # the float64 re-check ran and did not excuse it: a wrong rule does not shrink
+    chk = [o["f64_check"] for o in v["outputs"] if "f64_check" in o]
+    assert chk and all(c["ran"] for c in chk) and not any(o["ok"] for o in v["outputs"])
+    assert chk[0]["f64_max_abs_diff"] > 0.1 * chk[0]["f32_max_abs_diff"]
+
+
+def test_ill_conditioned_output_passes_on_float64_recheck():
+    # the second batch norm's batch mean is zero by construction (its input is a bias-free
+    # linear map of normalized values): PyTorch's fp32 running mean is rounding noise,
+    # so no relative tolerance accepts the IR's; in float64 the difference vanishes
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.BatchNorm1d(16), nn.Linear(16, 16, bias=False), nn.BatchNorm1d(16))
+    v = solbound.analyze(m, (r(2048, 16) * 3 + 5,), validate=True).validation
+    assert v["status"] == "passed"
+    (o,) = [o for o in v["outputs"] if "f64_check" in o]
+    assert o["output"] == "2.running_mean" and o["worst_rel_error"] > v["tolerance"]
+    c = o["f64_check"]
+    assert c["ran"] and c["f64_max_abs_diff"] <= 1e-3 * c["f32_max_abs_diff"]
+    assert "rounding" in v["summary"]
 
 
 def test_reduced_shapes_when_over_budget():

@@ -385,6 +385,8 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
             if t.name not in inputs:
                 raise ExecutionError(f"missing value for {t.role} {t.name}")
             a = np.asarray(inputs[t.name])
+            if len(t.shape) == 1 and a.ndim != 1 and a.size == t.shape[0]:
+                a = np.ascontiguousarray(a).reshape(-1)   # a base addressed as flat storage
             if tuple(a.shape) != t.shape:
                 raise ExecutionError(f"{t.name}: expected shape {t.shape}, got {a.shape}")
             arrays[t.name] = np.ascontiguousarray(a.astype(np_dtype(t.dtype, wide), copy=False))

@@ -181,6 +181,60 @@ def compare(lowered, arrays: dict[str, np.ndarray], golden: list, tol: float) ->
     return res
 
 
+F64_SHRINK = 1e-3
+
+
+def _max_abs_diff(a, b) -> float:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        return math.inf
+    d = np.abs(a - b)
+    return float(np.max(d)) if d.size else 0.0
+
+
+def recheck_in_f64(lowered, ep, model, inputs, golden32: list, outs: list[dict],
+                   arrays32: dict) -> None:
+    """Re-judge the fp32 outputs that missed the tolerance: is the disagreement rounding?
+
+    An output can be ill-conditioned: the running mean of a batch norm whose input has
+    zero mean per channel by construction is a cancellation, and PyTorch's own fp32
+    value is then rounding noise, which no relative tolerance accepts. Both the
+    framework and the IR are run again in float64 from the same values (rounding 5e8
+    times smaller). A disagreement that is rounding shrinks with it, whatever the
+    output's conditioning; one that is a wrong rule does not. The output passes when
+    ``max|ir-ref|`` in float64 is at most ``F64_SHRINK`` times its fp32 value. Each
+    re-judged output records ``f64_check``."""
+    import torch
+    failing = [i for i, o in enumerate(outs) if not o["ok"] and o["worst_rel_error"] is not None]
+    if not failing:
+        return
+    try:
+        model = copy.deepcopy(model).double()
+        inputs64 = tuple(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point()
+                         else x for x in inputs)
+        gold64 = run_original(model, inputs64, lowered, ep)
+        arrays64 = execute(lowered.program, gold64["feeds"], wide=True)
+    except Exception as e:  # noqa: BLE001 - a program that does not run in float64
+        for i in failing:
+            outs[i]["f64_check"] = {"ran": False, "reason": f"{type(e).__name__}: {e}"[:200]}
+        return
+    # ``outs`` has one entry per output with a golden value (see ``compare``)
+    entries = [j for j, g in enumerate(golden32) if g is not None]
+    for i in failing:
+        j = entries[i]
+        o, g32, g64 = lowered.outputs[j], golden32[j], gold64["golden"][j]
+        if o.get("ir") is None or g64 is None:
+            continue
+        view = (o["shape"], o["strides"], o["offset"])
+        d32 = _max_abs_diff(_strided(arrays32[o["ir"]], *view), g32)
+        d64 = _max_abs_diff(_strided(arrays64[o["ir"]], *view), g64)
+        outs[i]["f64_check"] = {"ran": True, "f32_max_abs_diff": d32, "f64_max_abs_diff": d64,
+                                "framework_f32_vs_f64": _max_abs_diff(g32, g64)}
+        if math.isfinite(d32) and d64 <= F64_SHRINK * d32:
+            outs[i]["ok"] = True
+
+
 def first_divergence(ep, lowered, model, inputs, arrays, tol: float) -> dict | None:
     """Run the decomposed graph on the same real inputs and find the first node
     whose IR value differs (by node order), naming its kernel and source."""
@@ -243,7 +297,11 @@ def _state_value(model, target: str, ep=None):
 
 
 def _structure(p: Program) -> list[tuple]:
-    return [(k.opname, classify(k), k.reduce, k.scan is not None, k.loop is not None)
+    """What must not change between the analyzed trace and the one validated: the
+    kernels, their kind and loop structure. Not the operator grouping: which framework
+    operator a decomposed node is attributed to is provenance metadata, and may differ
+    between a trace on meta tensors and one on real tensors under ``no_grad``."""
+    return [(classify(k), k.reduce, k.scan is not None, k.loop is not None, len(k.dims))
             for k in p.kernels]
 
 
@@ -256,7 +314,7 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
         return {"status": "skipped", "reason": "the program draws random numbers (dropout in "
                                                "training mode): outputs are not comparable",
                 "seconds": 0.0}
-    model_copy = copy.deepcopy(model)
+    model_copy = copy.deepcopy(model)     # the state before the call (the call updates buffers)
     gold = run_original(model, inputs, lowered, ep)
     p = lowered.program
     dtypes = [t.dtype for t in p.tensors if t.role == "output"]
@@ -268,6 +326,8 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}
     outs = compare(lowered, arrays, gold["golden"], tol)
+    if not all(o["ok"] for o in outs) and src_dtype == "f32":
+        recheck_in_f64(lowered, ep, model_copy, inputs, gold["golden"], outs, arrays)
     ok = all(o["ok"] for o in outs)
     res = {"status": "passed" if ok else "failed", "tolerance": tol,
            "tolerance_rule": f"max|ir-ref|/max|ref| <= 8 eps({src_dtype})"
@@ -286,6 +346,11 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
     worst = max((math.inf if o["worst_rel_error"] is None else o["worst_rel_error"]
                  for o in outs), default=0.0)
     res["summary"] = f"worst relative error {worst:.3g} (tolerance {tol:.3g})"
+    rechecked = [o for o in outs if o.get("f64_check", {}).get("ran")]
+    if rechecked:
+        passed = sum(o["ok"] for o in rechecked)
+        res["summary"] += (f"; {passed} of {len(rechecked)} outputs over it are rounding "
+                           f"(their difference shrinks in float64)")
     return res
 
 

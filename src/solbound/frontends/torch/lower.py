@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from ...ir.affine import Aff, Atom, Guard
-from ...ir.model import (Access, Expr, Kernel, Program, TensorDecl,
+from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl,
                          subst_expr)
 from ...ir.text import RESERVED
 
@@ -43,6 +43,10 @@ IR_TO_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
 
 class LoweringError(Exception):
     """A node that a rule cannot lower (reported as unsupported, with its source)."""
+
+
+class _NotShaped(Exception):
+    """A view access that is not affine on its base's dimensions (only on its flat storage)."""
 
 
 # ============================================================================
@@ -121,9 +125,38 @@ class KernelBuilder:
         return a.subst(self.splits)
 
     def load(self, view: View, index: list[Aff | int]) -> Access:
-        """Affine access of ``view`` at ``index`` (one entry per view dim)."""
+        """Affine access of ``view`` at ``index`` (one entry per view dim).
+
+        The access is expressed on the base's own dimensions, splitting loop
+        variables where a view dimension spans several base dimensions (a flatten).
+        Where no split does it (a reshape that interleaves dimensions at offsets
+        that are not multiples of the base's inner sizes), the base is addressed
+        as the flat array it is in memory: ``offset + sum(stride * index)`` is
+        always affine, and the lowering declares that base one-dimensional.
+        """
         if len(index) != view.ndim:
             raise LoweringError(f"internal: view of rank {view.ndim} indexed with {len(index)}")
+        if view.base in self.low.flat:
+            return self._load_flat(view, index)
+        saved = (list(self.dims), dict(self.splits))
+        try:
+            return self._load_shaped(view, index)
+        except _NotShaped:
+            if not self.low.allow_flat:
+                raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
+                                    f"of a {view.base_shape} tensor is not affine") from None
+            self.dims, self.splits = saved
+            self.low.flat.add(view.base)
+            return self._load_flat(view, index)
+
+    def _load_flat(self, view: View, index: list[Aff | int]) -> Access:
+        flat = Aff.lit(view.offset)
+        for e, n, s in zip(index, view.shape, view.strides):
+            if n != 1 and s != 0:
+                flat = flat + self.resolve(Aff.of(e)) * s
+        return Access(view.base, (flat,))
+
+    def _load_shaped(self, view: View, index: list[Aff | int]) -> Access:
         bshape = view.base_shape
         bstr = _contig(bshape)
         r = len(bshape)
@@ -154,12 +187,10 @@ class KernelBuilder:
                     acc[j] = acc[j] + Aff.var(v) * m
                 return
             if len(digits) != 1:
-                raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
-                                    f"of a {bshape} tensor is not affine")
+                raise _NotShaped
             j, m = digits[0]
             if base_const[j] or bshape[j] % m or n % (bshape[j] // m):
-                raise LoweringError(f"view with shape {view.shape}, strides {view.strides} "
-                                    f"of a {bshape} tensor is not affine")
+                raise _NotShaped
             f = bshape[j] // m
             hi, lo = self._split(v, f)
             acc[j] = acc[j] + lo * m
@@ -175,12 +206,9 @@ class KernelBuilder:
                     acc[j] = acc[j] + e * m
                 continue
             # the view dim spans several base dims (a flatten): place each term alone
-            if e.const:
-                raise LoweringError(f"offset index into a merged view dimension "
-                                    f"(shape {view.shape}, strides {view.strides})")
+            if e.const or any(c < 0 for _, c in e.terms):
+                raise _NotShaped
             for v, c in e.terms:
-                if c < 0:
-                    raise LoweringError("negative stride into a merged view dimension")
                 place_var(v, self.extent(v), s * c)
         return Access(view.base, tuple(self.resolve(a) for a in acc))
 
@@ -348,10 +376,14 @@ class Lowering:
         self.groups: dict[str, dict] = {}
         # tensor names never collide with the loop-variable names rules use
         self._names: set[str] = set(RESERVED) | {"t", "b", "g", "k", "j", "c", "cc", "kk", "ts"}
+        self._name_log: list[str] = []     # names in order of creation, for rollback
         self._kcount: dict[str, int] = {}
         self._cur_group = ("", "", "")
         self.node_src: dict[str, str] = {}
         self.rules_used: set[str] = set()
+        # bases addressed as flat storage (declared 1-d at the end), see KernelBuilder.load
+        self.flat: set[str] = set()
+        self.allow_flat = False
 
     # names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -363,7 +395,16 @@ class Lowering:
             i += 1
             name = f"{base}_{i}"
         self._names.add(name)
+        self._name_log.append(name)
         return name
+
+    def _rollback(self, n_names: int, n_tensors: int) -> None:
+        """Forget the names and tensors a failed lowering attempt created."""
+        for name in self._name_log[n_names:]:
+            self._names.discard(name)
+            self.tensors.pop(name, None)
+        del self._name_log[n_names:]
+        assert len(self.tensors) == n_tensors
 
     def new_loop(self, var: str, count: int) -> tuple[str, int, int]:
         self._loops = getattr(self, "_loops", 0) + 1
@@ -429,6 +470,7 @@ class Lowering:
                 outputs = self.finish_outputs(node, sig)
         # only now mark outputs (kernels were checked against intermediates)
         program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
+        program = _flatten(program, self.flat)
         program = _prune(program)
         values = {}
         for node, v in self.env.items():
@@ -461,8 +503,14 @@ class Lowering:
         fn = find_rule(target)
         reason = "no lowering rule"
         if fn is not None:
-            for attempt in ("direct", "materialized"):
+            # a view access that is not affine on its base's dimensions: first copy the
+            # views into contiguous tensors (the copy's plain index may split), else
+            # address the base as flat storage
+            for attempt in ("direct", "materialized", "flat"):
                 mark = len(self.kernels)
+                flat_before = set(self.flat)
+                n_names, n_tensors = len(self._name_log), len(self.tensors)
+                self.allow_flat = attempt == "flat"
                 try:
                     ctx = OpCtx(self, node)
                     if attempt == "materialized":
@@ -475,13 +523,19 @@ class Lowering:
                     break
                 except LoweringError as e:
                     del self.kernels[mark:]
+                    self.flat = flat_before
+                    self._rollback(n_names, n_tensors)
                     reason = str(e)
                     if "not affine" not in reason:
                         break
                 except (NotImplementedError, ValueError, TypeError, KeyError, IndexError) as e:
                     del self.kernels[mark:]
+                    self.flat = flat_before
+                    self._rollback(n_names, n_tensors)
                     reason = f"{type(e).__name__}: {e}"
                     break
+                finally:
+                    self.allow_flat = False
         self._unsupported(node, reason)
 
     def _unsupported(self, node: torch.fx.Node, reason: str) -> None:
@@ -537,18 +591,73 @@ def _flat_views(v) -> list[View]:
     return []
 
 
+def _linear(index: tuple, shape: tuple[int, ...], name: str) -> tuple[Aff]:
+    flat = Aff.lit(0)
+    for e, st in zip(index, _contig(shape)):
+        if isinstance(e, Access):
+            raise LoweringError(f"{name} is addressed as flat storage and through a "
+                                f"data-dependent index: not expressible")
+        flat = flat + e * st
+    return (flat,)
+
+
+def _flatten(p: Program, names: set[str]) -> Program:
+    """Declare the bases in ``names`` one-dimensional and linearize every access to them
+    (row-major: the same storage, so values and footprints are unchanged)."""
+    if not names:
+        return p
+    shapes = {t.name: t.shape for t in p.tensors if t.name in names}
+
+    def fix(e):
+        if isinstance(e, Access):
+            idx = tuple(fix(i) if isinstance(i, Access) else i for i in e.index)
+            if e.tensor in shapes and len(idx) != 1:
+                idx = _linear(idx, shapes[e.tensor], e.tensor)
+            return Access(e.tensor, idx)
+        if isinstance(e, Call):
+            return Call(e.op, tuple(fix(a) for a in e.args))
+        return e
+
+    kernels = []
+    for k in p.kernels:
+        if k.out2 is not None and k.out2 in shapes:
+            raise LoweringError(f"{k.out2}: a second output addressed as flat storage")
+        out_index = k.out_index
+        if k.out in shapes and len(out_index) != 1:
+            out_index = _linear(out_index, shapes[k.out], k.out)
+        kernels.append(k.with_(out_index=out_index, body=fix(k.body)))
+    tensors = tuple(TensorDecl(t.name, (t.numel,), t.dtype, t.role) if t.name in shapes else t
+                    for t in p.tensors)
+    return Program(tensors, tuple(kernels), p.notes)
+
+
 def _prune(p: Program) -> Program:
     """Drop kernels whose outputs nobody reads (dead code after decomposition)."""
     from ...ir.model import accesses
     live = {t.name for t in p.tensors if t.role == "output"}
-    keep: list[Kernel] = []
-    for k in reversed(p.kernels):
-        if any(o in live for o in k.outputs):
-            keep.append(k)
-            live.update(k.outputs)
-            for a in accesses(k.body):
-                live.add(a.tensor)
-    keep.reverse()
+    # segments: a kernel, or the body of one sequential loop (whose kernels read, in the
+    # next iteration, what later kernels of the body write: liveness to a fixed point)
+    segments: list[list[Kernel]] = []
+    for k in p.kernels:
+        if k.loop is not None and segments and segments[-1][0].loop is not None \
+                and segments[-1][0].loop[2] == k.loop[2]:
+            segments[-1].append(k)
+        else:
+            segments.append([k])
+    kept: set[int] = set()
+    for seg in reversed(segments):
+        changed = True
+        while changed:
+            changed = False
+            for k in reversed(seg):
+                if id(k) not in kept and any(o in live for o in k.outputs):
+                    kept.add(id(k))
+                    live.update(k.outputs)
+                    live.update(a.tensor for a in accesses(k.body))
+                    changed = True
+            if seg[0].loop is None:
+                break
+    keep = [k for k in p.kernels if id(k) in kept]
     used = live | {t.name for t in p.tensors if t.role != "intermediate"}
     tensors = tuple(t for t in p.tensors if t.name in used)
     return Program(tensors, tuple(keep), p.notes)
