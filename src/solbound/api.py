@@ -63,19 +63,10 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
 def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    validate: bool = False, **validate_opts) -> Report:
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``."""
-    from .frontends.torch.capture import FrontendError, load_problem
+    from .frontends.torch.capture import load_problem
 
     problem = load_problem(spec)
-    note = None
-    try:
-        model, inputs = problem.build("meta")
-    except FrontendError as e:
-        if "meta" not in str(e):
-            raise
-        # the constructor needs real values (e.g. calls .item()): build on the CPU;
-        # capture still runs on fake tensors
-        model, inputs = problem.build("cpu")
-        note = "built with real CPU tensors: the model's constructor needs real values"
+    model, inputs, note = problem.build_for_capture()
     rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec)
     if note:
         rep.lowered.program = rep.lowered.program.__class__(

@@ -31,6 +31,18 @@ class Problem:
     build: Callable[[str], tuple[Any, tuple]]     # device -> (module, inputs)
     module: Any = None                            # the imported file, when there is one
 
+    def build_for_capture(self) -> tuple[Any, tuple, str | None]:
+        """(module, inputs, note): on meta tensors, or on the CPU when the constructor
+        needs real values (e.g. calls ``.item()``); capture runs on fake tensors anyway."""
+        try:
+            model, inputs = self.build("meta")
+            return model, inputs, None
+        except FrontendError as e:
+            if "meta" not in str(e):
+                raise
+        model, inputs = self.build("cpu")
+        return model, inputs, "built with real CPU tensors: the model's constructor needs real values"
+
     def shrink(self):
         """Smaller instances of a file problem: ``(description, Problem)``, largest first.
 
