@@ -308,11 +308,20 @@ def test_every_rule_is_differentially_tested():
 RANDOM = Fn(lambda s, x: s.d(x) + torch.randn(x.shape) + torch.rand_like(x), d=nn.Dropout(0.3))
 
 
-def test_random_ops_are_counted_but_not_compared():
-    x = torch.randn(3, 5)
+def test_random_ops_validate_by_replaying_the_draws(monkeypatch):
+    x = torch.randn(30, 50)
     ep = export_program(RANDOM, (x,), "rand")
     low = lower(ep)
     assert not low.unsupported
     assert {"aten.native_dropout", "aten.randn"} <= low.rules_used
+    # one replayed draw per random node: dropout's mask, randn's and rand_like's values
+    assert sorted(str(i) for _, i in low.random_draws.values()) == ["1", "None", "None"]
     res = validate_lowered(low, ep, RANDOM, (x,))
-    assert res["status"] == "skipped" and "random" in res["reason"]
+    assert res["status"] == "passed", res
+    assert "replayed" in res["reference"]
+    # a dropout that forgets the 1/(1-p) scale is caught even though the mask is replayed
+    from solbound.frontends.torch.rules import misc
+    real_mul = misc.mul
+    monkeypatch.setattr(misc, "mul", lambda a, b: real_mul(a, misc.C(1.0)))
+    low_bad = lower(ep)
+    assert validate_lowered(low_bad, ep, RANDOM, (x,))["status"] == "failed"

@@ -172,6 +172,50 @@ def run_original(model, inputs: tuple, lowered, ep=None) -> dict[str, Any]:
     return {"feeds": feeds, "golden": golden, "state_before": before}
 
 
+def run_graph_replaying_draws(model, inputs: tuple, lowered, ep) -> dict[str, Any]:
+    """Golden values of a program that draws random numbers: the exported graph run by
+    ``torch.fx.Interpreter`` on the real inputs and state, recording what each random
+    node drew (``draws``: IR tensor -> values) so that the IR uses the same numbers.
+    A second call of the module would draw different ones, so the graph is both the
+    reference and the source of the draws."""
+    import torch
+    from torch.fx import Interpreter
+
+    sig = ep.graph_signature
+    args, feeds = [], {}
+    user_iter = iter(inputs)
+    for spec in sig.input_specs:
+        if spec.kind.name == "USER_INPUT":
+            args.append(next(user_iter))
+        else:
+            args.append(_state_value(model, spec.target, ep).detach().clone())
+    for spec, val in zip(lowered.inputs, inputs):
+        if spec.get("ir"):
+            feeds[spec["ir"]] = _to_np(val)
+    for s in lowered.state:
+        feeds[s["ir"]] = _to_np(_state_value(model, s["target"], ep))
+    wanted = {node for node, _ in lowered.random_draws.values()}
+    recorded: dict[str, Any] = {}
+
+    class Recorder(Interpreter):
+        def run_node(self, n):
+            val = super().run_node(n)
+            if n.name in wanted:
+                recorded[n.name] = val
+            return val
+
+    with torch.no_grad():
+        outs = Recorder(ep.graph_module).run(*args)
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    golden = [_to_np(v) if o["kind"] in ("output", "buffer_mutation") else None
+              for o, v in zip(lowered.outputs, outs)]
+    draws = {}
+    for ir, (node, index) in lowered.random_draws.items():
+        val = recorded[node] if index is None else recorded[node][index]
+        draws[ir] = _to_np(val)
+    return {"feeds": feeds, "golden": golden, "draws": draws}
+
+
 def compare(lowered, arrays: dict[str, np.ndarray], golden: list, tol: float) -> list[dict]:
     res = []
     for o, g in zip(lowered.outputs, golden):
@@ -316,24 +360,37 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
     """Compare the IR against ``model(*inputs)`` (real tensors)."""
     t0 = time.perf_counter()
     from ..ir.model import Call, walk
-    if any(isinstance(e, Call) and e.op == "rand" for k in lowered.program.kernels
-           for e in walk(k.body)):
-        return {"status": "skipped", "reason": "the program draws random numbers (dropout in "
-                                               "training mode): outputs are not comparable",
+    p = lowered.program
+    random_kernels = [k.name for k in p.kernels if k.out not in lowered.random_draws
+                      and any(isinstance(e, Call) and e.op == "rand" for e in walk(k.body))]
+    if random_kernels:
+        return {"status": "skipped", "reason": f"kernel {random_kernels[0]} draws random numbers "
+                                               f"that cannot be replayed: not comparable",
                 "seconds": 0.0}
     model_copy = copy.deepcopy(model)     # the state before the call (the call updates buffers)
-    gold = run_original(model, inputs, lowered, ep)
-    p = lowered.program
+    hook = None
+    if lowered.random_draws:
+        if ep is None:
+            return {"status": "skipped", "reason": "random draws need the exported program "
+                                                   "to be replayed", "seconds": 0.0}
+        gold = run_graph_replaying_draws(model, inputs, lowered, ep)
+        draws = gold["draws"]
+
+        def hook(k, arrays):
+            if k.out in draws:
+                arrays[k.out][...] = draws[k.out].reshape(arrays[k.out].shape)
+    else:
+        gold = run_original(model, inputs, lowered, ep)
     dtypes = [t.dtype for t in p.tensors if t.role == "output"]
     src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
     tol = tolerance(src_dtype, max_reduction(p), len(lowered.groups))
     try:
-        arrays = execute(p, gold["feeds"])
+        arrays = execute(p, gold["feeds"], on_kernel=hook)
     except ExecutionError as e:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}
     outs = compare(lowered, arrays, gold["golden"], tol)
-    if not all(o["ok"] for o in outs) and src_dtype == "f32":
+    if not all(o["ok"] for o in outs) and src_dtype == "f32" and not lowered.random_draws:
         recheck_in_f64(lowered, ep, model_copy, inputs, gold["golden"], outs, arrays)
     ok = all(o["ok"] for o in outs)
     res = {"status": "passed" if ok else "failed", "tolerance": tol,
@@ -341,6 +398,8 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
                              + (" sqrt(longest reduction)" if src_dtype in ("f32", "f64") else "")
                              + " operators^(1/4)",
            "outputs": outs,
+           "reference": "the module's forward" if not lowered.random_draws else
+                        "the exported graph, its random draws replayed into the IR",
            "shapes": {i["name"]: list(np.shape(gold["feeds"].get(i["ir"])))
                       for i in lowered.inputs if i.get("ir")}}
     if not ok and ep is not None:

@@ -346,6 +346,9 @@ class LoweredProgram:
     # FX node name -> where its (first) tensor value lives in the IR, for diagnosis
     values: dict[str, dict] = field(default_factory=dict)
     rules_used: set[str] = field(default_factory=set)
+    # IR tensor holding a random draw -> (FX node, output index or None): validation
+    # replays the framework's draw there
+    random_draws: dict[str, tuple[str, int | None]] = field(default_factory=dict)
 
 
 def _src_of(node: torch.fx.Node, user_files: tuple[str, ...]) -> str:
@@ -384,6 +387,7 @@ class Lowering:
         # bases addressed as flat storage (declared 1-d at the end), see KernelBuilder.load
         self.flat: set[str] = set()
         self.allow_flat = False
+        self.random_draws: dict[str, tuple[str, int | None]] = {}
 
     # names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -480,8 +484,9 @@ class Lowering:
                 values[node.name] = {"ir": f.base, "shape": list(f.shape),
                                      "strides": list(f.strides), "offset": f.offset,
                                      "src": self.node_src.get(node.name, "")}
+        draws = {t: v for t, v in self.random_draws.items() if t in program.tensor_map}
         return LoweredProgram(program, self.unsupported, outputs, inputs, state, self.groups,
-                              values, self.rules_used)
+                              values, self.rules_used, draws)
 
     def _group_of(self, node: torch.fx.Node) -> tuple[str, str, str]:
         fn = node.meta.get("from_node") or []

@@ -195,8 +195,8 @@ def flip(ctx: OpCtx) -> None:
 @rule("aten.native_dropout")
 def dropout(ctx: OpCtx) -> None:
     """Training-mode dropout: a Bernoulli mask from a uniform draw per element,
-    ``out = mask ? x / (1 - p) : 0``. The draw is the ``rand`` scalar op; programs
-    with random ops are counted but not comparable value by value."""
+    ``out = mask ? x / (1 - p) : 0``. The draw is the ``rand`` scalar op; validation
+    replays the framework's mask (``Lowering.random_draws``)."""
     x, p, train = ctx.args[0], ctx.args[1], ctx.args[2]
     out, mask = ctx.output(0), ctx.output(1)
     kb = ctx.builder(mask.shape)
@@ -207,6 +207,7 @@ def dropout(ctx: OpCtx) -> None:
         ctx.emit(kb, out, idx, kb.load(x, idx))
     else:
         ctx.emit(kb, mask, idx, Call("lt", (Call("rand", ()), Const(1.0 - p))))
+        ctx.low.random_draws[mask.base] = (ctx.node.name, 1)
         kb = ctx.builder(out.shape)
         body = Call("select", (kb.load(mask, idx), mul(kb.load(x, idx), C(1.0 / (1.0 - p))),
                                Const(0.0)))
@@ -217,8 +218,10 @@ def dropout(ctx: OpCtx) -> None:
 @rule("aten.randn", "aten.rand", "aten.randn_like", "aten.rand_like", "aten.normal",
       "aten.uniform", "aten.bernoulli")
 def random(ctx: OpCtx) -> None:
-    """Random tensors: one draw per element (the ``rand`` op). Counted, not value-validated."""
+    """Random tensors: one draw per element (the ``rand`` op). Validation replays the
+    framework's values (``Lowering.random_draws``)."""
     out = ctx.output()
     kb = ctx.builder(out.shape)
     ctx.emit(kb, out, dims_vars(out.ndim), Call(f"to_{ctx.out_dtype}", (Call("rand", ()),)))
+    ctx.low.random_draws[out.base] = (ctx.node.name, None)
     ctx.bind(out)
