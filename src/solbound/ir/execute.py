@@ -243,19 +243,15 @@ class _KernelExec:
         from ..graph.einsum import classify
         return classify(self.k) == "contraction"
 
-    def _guard_is_padding(self, ops: list[Access]) -> bool:
-        """Every guard atom bounds an index of some operand to its tensor's range."""
-        for a in self.k.guard:
-            ok = False
-            for acc in ops:
-                shape = self.arrays[acc.tensor].shape
-                for e, n in zip(acc.index, shape):
-                    if isinstance(e, Aff) and e == a.expr and (a.lo or 0) <= 0 \
-                            and (a.hi is not None and a.hi >= n):
-                        ok = True
-            if not ok:
-                return False
-        return True
+    def _is_padding(self, a: Atom, ops: list[Access]) -> bool:
+        """The atom bounds an index of some operand to its tensor's range (zero padding)."""
+        for acc in ops:
+            shape = self.arrays[acc.tensor].shape
+            for e, n in zip(acc.index, shape):
+                if isinstance(e, Aff) and e == a.expr and (a.lo or 0) <= 0 \
+                        and (a.hi is not None and a.hi >= n):
+                    return True
+        return False
 
     def run_range(self, ranges, keep, out) -> None:
         k = self.k
@@ -271,9 +267,19 @@ class _KernelExec:
                     x = x.args[0]
                 return x
             a, b = strip(a), strip(b)
-            if not a.indirect and not b.indirect and self._guard_is_padding([a, b]):
+            # padding atoms read zeros from the padded operands; atoms on output points
+            # only (a demanded region) mask the result
+            masks = [g for g in k.guard if not self._is_padding(g, [a, b])]
+            if not a.indirect and not b.indirect and all(set(g.expr.vars) <= set(keep)
+                                                         for g in masks):
                 va, vb = self.view(a, ranges), self.view(b, ranges)
                 res = _einsum(va, vb, self.dims, keep, dtype)
+                if masks:
+                    m = np.broadcast_to(np.asarray(guard_holds(tuple(masks), self.env(ranges))),
+                                        [ranges[d][1] - ranges[d][0] if d in keep else 1
+                                         for d in self.dims])
+                    m = m.reshape([ranges[d][1] - ranges[d][0] for d in keep])
+                    res = np.where(m, res, 0).astype(dtype, copy=False)
                 self.write(res, ranges, keep)
                 return
         env = self.env(ranges)

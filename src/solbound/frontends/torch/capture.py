@@ -186,12 +186,15 @@ def export_program(model, inputs: tuple, source: str = "program"):
     raise AssertionError("unreachable")
 
 
-KEEP = ("aten.lstm.input", "aten.gru.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
+RECURRENT = ("aten.lstm.input", "aten.gru.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
+# triangular masks: one guarded copy (their decomposition builds index tensors and a
+# comparison, which would count as work and hide the triangle from the demand analysis)
+KEEP = RECURRENT + ("aten.tril.default", "aten.triu.default")
 
 
 def _decomp_table():
-    """Core ATen decompositions, except recurrent layers: those are lowered whole, as a
-    loop over time steps (unrolling them would make thousands of nodes)."""
+    """Core ATen decompositions, except recurrent layers (lowered whole, as a loop over
+    time steps; unrolling them would make thousands of nodes) and triangular masks."""
     from torch.export import default_decompositions
     table = default_decompositions()
     for op in list(table.keys()):
@@ -213,7 +216,7 @@ class _fast_recurrent_shapes:
         import torch._decomp as decomp
         from torch._subclasses.fake_tensor import FakeTensor
         self.saved = []
-        for name in KEEP:
+        for name in RECURRENT:
             packet, overload = name.split(".")[1:]
             op = getattr(getattr(torch.ops.aten, packet), overload)
 

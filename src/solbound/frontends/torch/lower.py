@@ -26,6 +26,7 @@ import torch
 from ...ir.affine import Aff, Atom, Guard
 from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl,
                          subst_expr)
+from ...ir.demand import restrict_to_demand
 from ...ir.text import RESERVED
 
 TORCH_DTYPES = {
@@ -476,6 +477,9 @@ class Lowering:
         program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
         program = _flatten(program, self.flat)
         program = _prune(program)
+        program = Program(program.tensors, tuple(restrict_to_demand(
+            list(program.kernels), {t.name for t in program.by_role("intermediate")})),
+            program.notes)
         values = {}
         for node, v in self.env.items():
             first = _flat_views(v)

@@ -94,6 +94,22 @@ def constant_pad(ctx: OpCtx) -> None:
     ctx.bind(out)
 
 
+@rule("aten.tril", "aten.triu")
+def triangle(ctx: OpCtx) -> None:
+    """``tril(x, k)`` keeps ``j - i <= k`` of the last two dims, ``triu`` keeps
+    ``j - i >= k``; the rest is 0. One guarded copy: no arithmetic."""
+    x = ctx.args[0]
+    k = int(ctx.args[1]) if len(ctx.args) > 1 else int(ctx.kwargs.get("diagonal", 0))
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    diff = idx[-1] - idx[-2]
+    lower = str(ctx.node.target).startswith("aten.tril")
+    atom = Atom(diff, None, k + 1) if lower else Atom(diff, k, None)
+    ctx.emit(kb, out, idx, kb.load(x, idx), guard=(atom,), fill=0)
+    ctx.bind(out)
+
+
 def kb_ext(kb: KernelBuilder) -> dict[str, int]:
     return dict(kb.dims)
 

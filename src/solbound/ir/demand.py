@@ -1,0 +1,119 @@
+"""Demanded-region restriction: a kernel computes only the elements someone reads.
+
+``tril(a @ b)`` reads the product only where ``j <= i``; ``(a @ b)[:, :3]`` only its
+first three columns. The producer of an intermediate tensor gets guard atoms that
+confine its points to a region containing every element its consumers read, so its
+work (and its write footprint) is what the program needs, as a fused kernel would do
+it. Outputs are unchanged: the elements no longer computed are never read.
+
+The region is an over-approximation built from plain data, per consumer access:
+
+* a box: each index coordinate's range over the consumer's loop nest;
+* the consumer's guard atoms, translated to tensor coordinates where every variable of
+  the atom is the whole index of one coordinate (``x[i, j]`` under ``j - i <= 0`` gives
+  ``x1 - x0 <= 0``).
+
+Several accesses combine by the box hull and the atoms they all share. A producer is
+restricted only when it is the tensor's sole writer, writes it with the identity index
+(one variable per coordinate), is not a scan, has no second output and is not in a
+sequential loop; atoms its own extents already imply are dropped.
+
+>>> from solbound.ir.model import Access, Call, Kernel
+>>> i, j, k = Aff.var("i"), Aff.var("j"), Aff.var("k")
+>>> mm = Kernel("mm", (("i", 4), ("j", 4), ("k", 4)), "t", (i, j),
+...             Call("mul", (Access("a", (i, k)), Access("b", (k, j)))), reduce="sum")
+>>> tril = Kernel("tril", (("i", 4), ("j", 4)), "o", (i, j), Access("t", (i, j)),
+...               guard=(Atom(j - i, None, 1),))
+>>> [str(a) for a in restrict_to_demand([mm, tril], {"t"})[0].guard]
+['-i + j < 1']
+"""
+
+from __future__ import annotations
+
+from .affine import Aff, Atom
+from .model import Access, Kernel, accesses
+
+_X = "x{}"      # tensor-coordinate variables of a region
+
+
+def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None], set[Atom]]:
+    """(box per coordinate, atoms over x0, x1, ...) containing what ``acc`` reads."""
+    ext = k.count_extents
+    box: list[tuple[int, int] | None] = []
+    owner: dict[str, Aff] = {}          # loop variable -> its value in tensor coordinates
+    for pos, e in enumerate(acc.index):
+        if isinstance(e, Access):
+            box.append(None)
+            continue
+        lo, hi = e.bounds(ext)
+        box.append((lo, hi))
+        v = e.terms[0][0] if len(e.terms) == 1 and e.terms[0][1] == 1 else None
+        if v is not None and sum(1 for f in acc.index if isinstance(f, Aff) and v in f.vars) == 1:
+            owner[v] = Aff.var(_X.format(pos)) - e.const
+    atoms = set()
+    for a in k.guard:
+        if a.expr.vars and all(v in owner for v in a.expr.vars):
+            e = a.expr.subst(owner)
+            atoms.add(Atom(Aff(tuple(sorted(e.terms)), e.const), a.lo, a.hi))
+    return box, atoms
+
+
+def _identity_writer(k: Kernel) -> list[str] | None:
+    names = [a.single_var() for a in k.out_index]
+    if any(n is None for n in names) or len(set(names)) != len(names):
+        return None
+    return names
+
+
+def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[Kernel]:
+    """The kernels with producers of ``intermediates`` confined to their demanded regions.
+
+    One pass in reverse program order: every consumer of a tensor comes after its
+    producer, so it is final (already restricted itself) when the producer is visited.
+    """
+    ks = list(kernels)
+    writers: dict[str, int] = {}
+    for k in ks:
+        for o in k.outputs:
+            writers[o] = writers.get(o, 0) + 1
+    for pos in range(len(ks) - 1, -1, -1):
+        p = ks[pos]
+        t = p.out
+        if (t not in intermediates or writers.get(t) != 1 or p.scan is not None
+                or p.out2 is not None or p.loop is not None):
+            continue
+        names = _identity_writer(p)
+        if names is None:
+            continue
+        regions = [_access_region(c, a) for c in ks[pos + 1:] for a in accesses(c.body)
+                   if a.tensor == t]
+        if not regions:
+            continue
+        rank = len(p.out_index)
+        hull: list[tuple[int, int] | None] = []
+        for d in range(rank):
+            spans = [r[0][d] for r in regions]
+            hull.append(None if any(s is None for s in spans)
+                        else (min(s[0] for s in spans), max(s[1] for s in spans)))
+        shared = set.intersection(*(r[1] for r in regions))
+        to_var = {_X.format(d): Aff.var(names[d]) for d in range(rank)}
+        ext = p.extents
+        new: list[Atom] = []
+        for d, span in enumerate(hull):
+            n = ext[names[d]]
+            if span is not None and (span[0] > 0 or span[1] < n - 1):
+                new.append(Atom(Aff.var(names[d]), span[0] if span[0] > 0 else None,
+                                span[1] + 1 if span[1] < n - 1 else None))
+        for a in sorted(shared, key=str):
+            atom = Atom(a.expr.subst(to_var), a.lo, a.hi)
+            lo, hi = atom.expr.bounds(ext)
+            if (atom.lo is None or lo >= atom.lo) and (atom.hi is None or hi < atom.hi):
+                continue            # implied by the producer's own extents
+            new.append(atom)
+        new = [a for a in new if a not in p.guard]
+        if new:
+            ks[pos] = p.with_(guard=p.guard + tuple(new))
+    return ks
+
+
+__all__ = ["restrict_to_demand"]
