@@ -73,9 +73,12 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
     """
     ks = list(kernels)
     writers: dict[str, int] = {}
-    for k in ks:
+    readers: dict[str, list[int]] = {}
+    for pos, k in enumerate(ks):
         for o in k.outputs:
             writers[o] = writers.get(o, 0) + 1
+        for t in {a.tensor for a in accesses(k.body)}:
+            readers.setdefault(t, []).append(pos)
     for pos in range(len(ks) - 1, -1, -1):
         p = ks[pos]
         t = p.out
@@ -85,8 +88,8 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
         names = _identity_writer(p)
         if names is None:
             continue
-        regions = [_access_region(c, a) for c in ks[pos + 1:] for a in accesses(c.body)
-                   if a.tensor == t]
+        regions = [_access_region(ks[c], a) for c in readers.get(t, ()) if c > pos
+                   for a in accesses(ks[c].body) if a.tensor == t]
         if not regions:
             continue
         rank = len(p.out_index)
