@@ -11,8 +11,8 @@ says so (``exact=False``).
 >>> from solbound.ir.affine import Aff, Atom
 >>> domain_size({"i": 4, "j": 4}, (Atom(Aff.var("i") - Aff.var("j"), 0, None),))
 10
->>> values_count([("p", 2), ("r", 1)], -1, {"p": (0, 3), "r": (0, 2)}, 0, 8)
-7
+>>> values_count([("p", 2), ("r", 1)], -1, {"p": (0, 3), "r": (0, 2)}, 0, 8)  # ranges inclusive
+8
 """
 
 from __future__ import annotations
@@ -229,6 +229,43 @@ def _enumerate_tuples(vars_, extents, atoms, exprs: list[Aff], shape: list[int])
     return int(np.unique(lin[mask]).size)
 
 
+def _eliminate(atoms: list[Atom], v: str, extent: int):
+    """Atoms over the other variables equivalent to "some ``0 <= v < extent`` satisfies
+    ``atoms``"; ``None`` when ``v`` has a non-unit coefficient, ``False`` when empty.
+
+    >>> i, j, k = Aff.var("i"), Aff.var("j"), Aff.var("k")
+    >>> [str(a) for a in _eliminate([Atom(j - k, 0, None), Atom(j - i, 0, None)], "j", 8)]
+    ['0 <= -k + 7', '0 <= -i + 7']
+    """
+    lows: list[Aff] = [Aff.lit(0)]
+    highs: list[Aff] = [Aff.lit(extent - 1)]
+    rest: list[Atom] = []
+    for a in atoms:
+        c = a.expr.coef(v)
+        if c == 0:
+            rest.append(a)
+            continue
+        if c not in (1, -1):
+            return None
+        r = a.expr - Aff.var(v) * c
+        if a.lo is not None:       # lo <= c v + r
+            (lows if c == 1 else highs).append((Aff.lit(a.lo) - r) if c == 1 else (r - a.lo))
+        if a.hi is not None:       # c v + r <= hi - 1
+            (highs if c == 1 else lows).append((Aff.lit(a.hi - 1) - r) if c == 1
+                                               else (r - (a.hi - 1)))
+    for lo in lows:
+        for hi in highs:
+            d = hi - lo
+            if d.is_const:
+                if d.const < 0:
+                    return False
+                continue
+            atom = Atom(d, 0, None)
+            if atom not in rest:
+                rest.append(atom)
+    return rest
+
+
 def access_footprint(acc: Access, shape: tuple[int, ...], extents: dict[str, int],
                      guard: Guard) -> Footprint:
     """Distinct elements of a tensor touched by ``acc`` over the guarded loop nest."""
@@ -257,6 +294,15 @@ def access_footprint(acc: Access, shape: tuple[int, ...], extents: dict[str, int
     for a in guard:
         if set(a.expr.vars) & used:
             atoms_rel.append(a)
+    # variables the index does not use, bounded by atoms with unit coefficients: project
+    # them out exactly (Fourier-Motzkin on integers with unit coefficients)
+    for v in sorted({v for a in atoms_rel for v in a.expr.vars} - used):
+        proj = _eliminate(atoms_rel, v, extents[v])
+        if proj is None:
+            continue
+        if proj is False:
+            return Footprint(0, True)
+        atoms_rel = [a for a in proj if set(a.expr.vars) & used]
     # atoms that touch used vars and other vars: join them (projection)
     for a in atoms_rel:
         uf.union(a.expr.vars)

@@ -119,4 +119,56 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
     return ks
 
 
-__all__ = ["restrict_to_demand"]
+
+
+
+def restrict_to_support(kernels: list[Kernel], support: dict[str, tuple[Atom, ...]]
+                        ) -> list[Kernel]:
+    """Skip the points of a product where a factor is known to be zero.
+
+    ``support`` maps a tensor to atoms over its coordinates ``x0, x1, ...`` outside
+    which it is zero (an input that ``get_inputs`` builds with ``torch.triu``:
+    ``x1 - x0 >= 0``). In a sum-reduction whose body is a product with that tensor as
+    a factor (a matmul of triangular matrices), points outside contribute nothing; the
+    atoms, written in the kernel's variables through the access index, join its guard.
+
+    >>> from solbound.ir.model import Access, Call
+    >>> i, j, k = Aff.var("i"), Aff.var("j"), Aff.var("k")
+    >>> mm = Kernel("mm", (("i", 4), ("j", 4), ("k", 4)), "t", (i, j),
+    ...             Call("mul", (Access("a", (i, k)), Access("b", (k, j)))), reduce="sum")
+    >>> upper = (Atom(Aff.var("x1") - Aff.var("x0"), 0, None),)
+    >>> [str(a) for a in restrict_to_support([mm], {"a": upper, "b": upper})[0].guard]
+    ['0 <= k - i', '0 <= j - k']
+    """
+    out = []
+    for k in kernels:
+        if k.reduce == "sum" and k.scan is None:
+            new = []
+            for acc in _factors(k.body):
+                for a in support.get(acc.tensor, ()):
+                    if any(isinstance(e, Access) for e in acc.index):
+                        continue
+                    coords = {_X.format(d): e for d, e in enumerate(acc.index)}
+                    e = a.expr.subst(coords)
+                    atom = Atom(e, a.lo, a.hi)
+                    if atom not in k.guard and atom not in new:
+                        new.append(atom)
+            if new:
+                k = k.with_(guard=k.guard + tuple(new))
+        out.append(k)
+    return out
+
+
+def _factors(e) -> list[Access]:
+    """The accesses that multiply the whole of ``e`` (through ``mul`` and casts)."""
+    from .model import Call
+    if isinstance(e, Access):
+        return [e]
+    if isinstance(e, Call) and e.op == "mul":
+        return _factors(e.args[0]) + _factors(e.args[1])
+    if isinstance(e, Call) and e.op.startswith("to_"):
+        return _factors(e.args[0])
+    return []
+
+
+__all__ = ["restrict_to_demand", "restrict_to_support"]

@@ -268,14 +268,26 @@ class _KernelExec:
                 return x
             a, b = strip(a), strip(b)
             # padding atoms read zeros from the padded operands; atoms on output points
-            # only (a demanded region) mask the result
+            # only (a demanded region) mask the result; atoms on one operand's variables
+            # only (a triangular factor's support) mask that operand
             masks = [g for g in k.guard if not self._is_padding(g, [a, b])]
-            if not a.indirect and not b.indirect and all(set(g.expr.vars) <= set(keep)
-                                                         for g in masks):
+            va_vars = {v for e in a.index for v in e.vars} if not a.indirect else set()
+            vb_vars = {v for e in b.index for v in e.vars} if not b.indirect else set()
+            out_m, a_m, b_m, rest = [], [], [], []
+            for g in masks:
+                vs = set(g.expr.vars)
+                (out_m if vs <= set(keep) else a_m if vs <= va_vars else b_m if vs <= vb_vars
+                 else rest).append(g)
+            if not a.indirect and not b.indirect and not rest:
                 va, vb = self.view(a, ranges), self.view(b, ranges)
+                env = self.env(ranges) if masks else None
+                if a_m:
+                    va = np.where(guard_holds(tuple(a_m), env), va, 0)
+                if b_m:
+                    vb = np.where(guard_holds(tuple(b_m), env), vb, 0)
                 res = _einsum(va, vb, self.dims, keep, dtype)
-                if masks:
-                    m = np.broadcast_to(np.asarray(guard_holds(tuple(masks), self.env(ranges))),
+                if out_m:
+                    m = np.broadcast_to(np.asarray(guard_holds(tuple(out_m), env)),
                                         [ranges[d][1] - ranges[d][0] if d in keep else 1
                                          for d in self.dims])
                     m = m.reshape([ranges[d][1] - ranges[d][0] for d in keep])

@@ -430,7 +430,7 @@ def _build_real(problem, seed: int):
 def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
                     max_bytes: int = DEFAULT_MAX_BYTES, max_seconds: float = DEFAULT_MAX_SECONDS) -> dict:
     """Fill ``rep.validation``; reduce shapes when the program is over budget."""
-    from ..frontends.torch.capture import export_program
+    from ..frontends.torch.capture import export_program, input_structure
     from ..frontends.torch.lower import lower
 
     flops = sum(rep.counts.flops.values())
@@ -450,7 +450,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
                 ep_r = export_program(m, inp, problem.source)
             except Exception:  # noqa: BLE001 - a size the program does not accept
                 continue
-            low_r = lower(ep_r)
+            low_r = lower(ep_r, (), [input_structure(x) for x in inp])
             if _structure(low_r.program) != _structure(lowered.program):
                 continue
             from ..analysis.counts import count_program
@@ -473,7 +473,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
     import torch
     with torch.no_grad():
         ep = export_program(model, tuple(inputs), rep.source)
-    low = lower(ep)
+    low = lower(ep, (), [input_structure(x) for x in inputs])
     if reduced is None and _structure(low.program) != _structure(lowered.program):
         rep.validation = {"status": "failed",
                           "reason": "re-tracing with real tensors changed the kernel structure"}

@@ -110,6 +110,34 @@ def _import_file(path: str):
     return mod
 
 
+STRUCTURE_ATTR = "_solbound_structure"
+
+
+def _input_structure_mode():
+    from torch.overrides import TorchFunctionMode
+
+    class Mode(TorchFunctionMode):
+        """Marks tensors made by ``torch.triu``/``torch.tril`` (``(name, diagonal)``), so
+        that an input ``get_inputs`` builds triangular is known to be zero outside its
+        triangle: the structure the problem states, read from how it builds its inputs."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            name = getattr(func, "__name__", "")
+            if name in ("triu", "tril") and type(out).__name__ in ("Tensor", "Parameter") \
+                    and out.dim() >= 2:
+                diag = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
+                setattr(out, STRUCTURE_ATTR, (name, int(diag)))
+            return out
+    return Mode()
+
+
+def input_structure(x) -> tuple[str, int] | None:
+    """``("triu"|"tril", diagonal)`` for an input built triangular, else ``None``."""
+    return getattr(x, STRUCTURE_ATTR, None)
+
+
 def _file_problem(spec: str, overrides: dict | None = None) -> Problem:
     mod = _import_file(spec)
     for k, v in (overrides or {}).items():
@@ -125,7 +153,8 @@ def _file_problem(spec: str, overrides: dict | None = None) -> Problem:
             with torch.device(device):
                 init = mod.get_init_inputs()
                 model = mod.Model(*init)
-                inputs = mod.get_inputs()
+                with _input_structure_mode():
+                    inputs = mod.get_inputs()
         except Exception as e:  # noqa: BLE001
             raise FrontendError(f"{spec} ({_where(e, spec)}): building Model/get_inputs "
                                 f"failed: {_oneline(e)}") from None

@@ -26,7 +26,7 @@ import torch
 from ...ir.affine import Aff, Atom, Guard
 from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl,
                          subst_expr)
-from ...ir.demand import restrict_to_demand
+from ...ir.demand import restrict_to_demand, restrict_to_support
 from ...ir.text import RESERVED
 
 TORCH_DTYPES = {
@@ -369,8 +369,9 @@ def _src_of(node: torch.fx.Node, user_files: tuple[str, ...]) -> str:
 
 
 class Lowering:
-    def __init__(self, ep, user_files: tuple[str, ...] = ()):
+    def __init__(self, ep, user_files: tuple[str, ...] = (), input_structure=()):
         self.ep = ep
+        self.input_structure = list(input_structure)
         self.user_files = tuple(os.path.abspath(f) for f in user_files)
         self.env: dict[torch.fx.Node, Any] = {}
         self.tensors: dict[str, TensorDecl] = {}
@@ -477,9 +478,10 @@ class Lowering:
         program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
         program = _flatten(program, self.flat)
         program = _prune(program)
-        program = Program(program.tensors, tuple(restrict_to_demand(
-            list(program.kernels), {t.name for t in program.by_role("intermediate")})),
-            program.notes)
+        support = self._input_support(inputs, program)
+        kernels = restrict_to_support(list(program.kernels), support)
+        kernels = restrict_to_demand(kernels, {t.name for t in program.by_role("intermediate")})
+        program = Program(program.tensors, tuple(kernels), tuple(self.notes))
         values = {}
         for node, v in self.env.items():
             first = _flat_views(v)
@@ -491,6 +493,22 @@ class Lowering:
         draws = {t: v for t, v in self.random_draws.items() if t in program.tensor_map}
         return LoweredProgram(program, self.unsupported, outputs, inputs, state, self.groups,
                               values, self.rules_used, draws)
+
+    def _input_support(self, inputs: list[dict], program: Program) -> dict[str, tuple[Atom, ...]]:
+        """Zero-outside atoms (over coordinates x0, x1, ...) of inputs built triangular."""
+        support = {}
+        for spec, st in zip(inputs, self.input_structure):
+            name = spec.get("ir")
+            if st is None or name is None or name not in program.tensor_map:
+                continue
+            kind, diag = st
+            r = len(program.tensor_map[name].shape)
+            diff = Aff.var(f"x{r - 1}") - Aff.var(f"x{r - 2}")
+            support[name] = (Atom(diff, diag, None) if kind == "triu" else Atom(diff, None, diag + 1),)
+            self.notes.append(f"input {name} is {'upper' if kind == 'triu' else 'lower'} triangular "
+                              f"(get_inputs builds it with torch.{kind}, diagonal {diag}): "
+                              f"products that read it skip its zero triangle")
+        return support
 
     def _group_of(self, node: torch.fx.Node) -> tuple[str, str, str]:
         fn = node.meta.get("from_node") or []
@@ -672,6 +690,8 @@ def _prune(p: Program) -> Program:
     return Program(tensors, tuple(keep), p.notes)
 
 
-def lower(ep, user_files: tuple[str, ...] = ()) -> LoweredProgram:
+def lower(ep, user_files: tuple[str, ...] = (), input_structure=()) -> LoweredProgram:
+    """The loop IR of an exported program. ``input_structure`` (one entry per user input,
+    see ``capture.input_structure``) names inputs known to be triangular."""
     from . import rules  # noqa: F401  (registers the rules)
-    return Lowering(ep, user_files).run()
+    return Lowering(ep, user_files, input_structure).run()

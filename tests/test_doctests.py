@@ -1,0 +1,14 @@
+"""The examples in module docstrings are tests too."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["solbound.ir.affine", "solbound.ir.demand", "solbound.analysis.footprint"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_examples(name):
+    res = doctest.testmod(importlib.import_module(name))
+    assert res.attempted > 0 and res.failed == 0
