@@ -60,3 +60,20 @@ def test_strided_slice_footprint():
     i = Aff.var("i")
     fp = access_footprint(Access("x", (i * 3 + 1,)), (20,), {"i": 6}, ())
     assert fp.elements == 6
+
+
+def test_projection_of_unused_variables_is_exact():
+    from solbound.analysis.footprint import access_footprint
+    i, j, w, k, c = (Aff.var(x) for x in "ijwkc")
+    # (tril(A) @ B)[:3]: B[k, c] under k <= i < 3 touches rows 0..2 only
+    fp = access_footprint(Access("B", (k, c)), (8, 8), {"i": 8, "c": 8, "k": 8},
+                          (Atom(k - i, None, 1), Atom(i, None, 3)))
+    assert (fp.elements, fp.exact) == (24, True)
+    # j >= i and j <= i + w - 5 with w < 4: no point exists, nothing is touched
+    fp = access_footprint(Access("x", (i,)), (4,), {"i": 4, "j": 8, "w": 4},
+                          (Atom(j - i, 0, None), Atom(i + w - j - 5, 0, None)))
+    assert (fp.elements, fp.exact) == (0, True)
+    # the triangle of an upper-triangular factor: A[i, k] under i <= k <= j
+    fp = access_footprint(Access("A", (i, k)), (6, 6), {"i": 6, "j": 6, "k": 6},
+                          (Atom(k - i, 0, None), Atom(j - k, 0, None)))
+    assert (fp.elements, fp.exact) == (21, True)

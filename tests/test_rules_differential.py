@@ -190,6 +190,8 @@ case("patchify-interleave", lambda s, x: x.unfold(2, 2, 2).unfold(3, 2, 2)
      mods={"w": nn.Parameter(torch.randn(12, 5))})
 case("reshape-interleave-offset", lambda s, x: (x.t() + 1).reshape(-1)[3:].reshape(-1, 5).sum(0),
      [((4, 7),), ((6, 3),)])
+case("argmax-flat-window", lambda s, x: torch.max(x, -1)[1].reshape(-1)[2:9].float() * 2
+     + torch.max(x, -1)[0].reshape(-1)[1:8], [((4, 5, 3),), ((3, 3, 2),)])
 case("flatten-slice-merge", lambda s, x: x[:, 1:].flatten() * 3, [((3, 5),), ((4, 7, 3),)])
 case("expand-select-chunk", lambda s, x: sum(c.sum() for c in x[..., None].expand(*x.shape, 2).chunk(2, 0)),
      [((4, 5),), ((2, 7, 3),)])

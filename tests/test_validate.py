@@ -49,6 +49,37 @@ def test_wrong_rule_is_diagnosed_with_kernel_and_source(monkeypatch):
     assert chk[0]["f64_max_abs_diff"] > 0.1 * chk[0]["f32_max_abs_diff"]
 
 
+def test_divergence_skips_tensors_computed_only_where_read(monkeypatch):
+    # the product is computed only on its lower triangle (what tril reads): comparing it
+    # whole with PyTorch's full product would blame the matmul for a broken sigmoid
+    good = RULES["aten.sigmoid"]
+
+    def bad(ctx):
+        from solbound.frontends.torch.rules._util import elementwise, f
+        ctx.bind(elementwise(ctx, lambda a: f("tanh", a), [ctx.args[0]]))
+    bad.rule_id = good.rule_id
+    monkeypatch.setitem(RULES, "aten.sigmoid", bad)
+    rep = solbound.analyze(Fn(lambda s, a, b: torch.sigmoid(torch.tril(a @ b))),
+                           (r(5, 4), r(4, 5)), validate=True)
+    assert rep.lowered.partial and rep.validation["status"] == "failed"
+    assert rep.validation["first_divergence"]["operator"] == "aten.sigmoid.default"
+
+
+def test_divergence_replays_random_draws(monkeypatch):
+    # dropout's mask is replayed in the diagnosis too: the broken sigmoid after it is named
+    good = RULES["aten.sigmoid"]
+
+    def bad(ctx):
+        from solbound.frontends.torch.rules._util import elementwise, f
+        ctx.bind(elementwise(ctx, lambda a: f("tanh", a), [ctx.args[0]]))
+    bad.rule_id = good.rule_id
+    monkeypatch.setitem(RULES, "aten.sigmoid", bad)
+    m = Fn(lambda s, x: torch.sigmoid(s.d(x)), d=nn.Dropout(0.5))
+    v = solbound.analyze(m, (r(6, 7),), validate=True).validation
+    assert v["status"] == "failed" and "replayed" in v["reference"]
+    assert v["first_divergence"]["operator"] == "aten.sigmoid.default"
+
+
 def test_ill_conditioned_output_passes_on_float64_recheck():
     # the second batch norm's batch mean is zero by construction (its input is a bias-free
     # linear map of normalized values): PyTorch's fp32 running mean is rounding noise,

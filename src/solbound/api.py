@@ -50,7 +50,7 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     ep = export_program(module, tuple(inputs), src)
     t1 = time.perf_counter()
     user_files = (source,) if source and os.path.exists(source) else ()
-    lowered = lower(ep, user_files, [input_structure(x) for x in inputs])
+    lowered = lower(ep, user_files, input_structure(inputs))
     t2 = time.perf_counter()
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"export_s": t1 - t0, "lower_s": t2 - t1})

@@ -290,22 +290,30 @@ def access_footprint(acc: Access, shape: tuple[int, ...], extents: dict[str, int
         if e.vars:
             uf.union(e.vars)
     used = {v for e in exprs for v in e.vars}
-    atoms_rel = []
-    for a in guard:
-        if set(a.expr.vars) & used:
-            atoms_rel.append(a)
     # variables the index does not use, bounded by atoms with unit coefficients: project
-    # them out exactly (Fourier-Motzkin on integers with unit coefficients)
-    for v in sorted({v for a in atoms_rel for v in a.expr.vars} - used):
-        proj = _eliminate(atoms_rel, v, extents[v])
-        if proj is None:
-            continue
+    # them out exactly (Fourier-Motzkin on integers with unit coefficients); the others
+    # stay and are enumerated with the index variables they are tied to
+    atoms_all = list(guard)
+    for v in sorted({v for a in atoms_all for v in a.expr.vars} - used):
+        proj = _eliminate(atoms_all, v, extents[v])
         if proj is False:
             return Footprint(0, True)
-        atoms_rel = [a for a in proj if set(a.expr.vars) & used]
-    # atoms that touch used vars and other vars: join them (projection)
-    for a in atoms_rel:
+        if proj is not None:
+            atoms_all = proj
+    for a in [a for a in atoms_all if not a.expr.vars]:
+        if not a.holds({}):
+            return Footprint(0, True)
+    atoms_all = [a for a in atoms_all if a.expr.vars]
+    for a in atoms_all:
         uf.union(a.expr.vars)
+    atoms_rel = [a for a in atoms_all if set(a.expr.vars) & used
+                 or uf.find(a.expr.vars[0]) in {uf.find(v) for v in used}]
+    # atoms not connected to the index only decide whether any point exists at all
+    loose = [a for a in atoms_all if a not in atoms_rel]
+    if loose:
+        lvars = sorted({v for a in loose for v in a.expr.vars})
+        if domain_size({v: extents[v] for v in lvars}, tuple(loose)) == 0:
+            return Footprint(0, True)
     total, exact, notes = 1, True, []
     comps: dict[str, list[int]] = {}
     for d, e in enumerate(exprs):

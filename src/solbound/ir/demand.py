@@ -3,8 +3,8 @@
 ``tril(a @ b)`` reads the product only where ``j <= i``; ``(a @ b)[:, :3]`` only its
 first three columns. The producer of an intermediate tensor gets guard atoms that
 confine its points to a region containing every element its consumers read, so its
-work (and its write footprint) is what the program needs, as a fused kernel would do
-it. Outputs are unchanged: the elements no longer computed are never read.
+work and its reads are what the program needs, as a fused kernel would do it (its
+write is still counted whole: a guarded map writes its fill elsewhere). Outputs are unchanged: the elements no longer computed are never read.
 
 The region is an over-approximation built from plain data, per consumer access:
 

@@ -101,8 +101,8 @@ def estimate_cost(p: Program, flops: int) -> tuple[int, float]:
     """(bytes, seconds) a validation needs, roughly: the IR's arrays (every tensor, all
     alive at once) with a quarter more for temporaries, two more copies of the inputs and
     state (the framework's model and the copy kept for diagnosis), and the largest
-    contraction operand. Calibrated on 11_VGG16 at batch 5: estimated 2.5 GiB, measured
-    peak 2.3 GiB above the interpreter's baseline."""
+    contraction operand (im2col). On 11_VGG16 at batch 5 it estimates 3.7 GiB where the
+    measured peak resident size is 2.7 GiB (interpreter and torch included): conservative."""
     def size(t):
         return t.numel * (8 if t.dtype in ("f64", "i64") else 4)
     mem = sum(size(t) for t in p.tensors) * 5 // 4 \
@@ -213,7 +213,7 @@ def run_graph_replaying_draws(model, inputs: tuple, lowered, ep) -> dict[str, An
     for ir, (node, index) in lowered.random_draws.items():
         val = recorded[node] if index is None else recorded[node][index]
         draws[ir] = _to_np(val)
-    return {"feeds": feeds, "golden": golden, "draws": draws}
+    return {"feeds": feeds, "golden": golden, "draws": draws, "recorded": recorded}
 
 
 def compare(lowered, arrays: dict[str, np.ndarray], golden: list, tol: float) -> list[dict]:
@@ -286,9 +286,13 @@ def recheck_in_f64(lowered, ep, model, inputs, golden32: list, outs: list[dict],
             outs[i]["ok"] = True
 
 
-def first_divergence(ep, lowered, model, inputs, arrays, tol: float) -> dict | None:
+def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
+                     replay: dict | None = None) -> dict | None:
     """Run the decomposed graph on the same real inputs and find the first node
-    whose IR value differs (by node order), naming its kernel and source."""
+    whose IR value differs (by node order), naming its kernel and source.
+
+    Random nodes return the values in ``replay`` (node name -> value) that the golden
+    run drew; tensors computed only where read (``lowered.partial``) are not compared."""
     import torch
     from torch.fx import Interpreter
 
@@ -311,10 +315,11 @@ def first_divergence(ep, lowered, model, inputs, arrays, tol: float) -> dict | N
             self.found = None
 
         def run_node(self, n):
-            val = super().run_node(n)
+            val = replay[n.name] if replay and n.name in replay else super().run_node(n)
             if self.found is None and n.name in lowered.values and isinstance(val, torch.Tensor):
                 info = lowered.values[n.name]
-                if info["ir"] in arrays and info["ir"] in produced:
+                if info["ir"] in arrays and info["ir"] in produced \
+                        and info["ir"] not in lowered.partial:
                     mine = _strided(arrays[info["ir"]], info["shape"], info["strides"],
                                     info["offset"])
                     err = rel_error(mine, _to_np(val),
@@ -403,7 +408,8 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
            "shapes": {i["name"]: list(np.shape(gold["feeds"].get(i["ir"])))
                       for i in lowered.inputs if i.get("ir")}}
     if not ok and ep is not None:
-        fd = first_divergence(ep, lowered, model_copy, inputs, arrays, tol)
+        fd = first_divergence(ep, lowered, model_copy, inputs, arrays, tol,
+                              gold.get("recorded"))
         res["first_divergence"] = fd
     if lowered.unsupported:
         res["status"] = "failed"
@@ -450,7 +456,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
                 ep_r = export_program(m, inp, problem.source)
             except Exception:  # noqa: BLE001 - a size the program does not accept
                 continue
-            low_r = lower(ep_r, (), [input_structure(x) for x in inp])
+            low_r = lower(ep_r, (), input_structure(inp))
             if _structure(low_r.program) != _structure(lowered.program):
                 continue
             from ..analysis.counts import count_program
@@ -473,7 +479,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
     import torch
     with torch.no_grad():
         ep = export_program(model, tuple(inputs), rep.source)
-    low = lower(ep, (), [input_structure(x) for x in inputs])
+    low = lower(ep, (), input_structure(inputs))
     if reduced is None and _structure(low.program) != _structure(lowered.program):
         rep.validation = {"status": "failed",
                           "reason": "re-tracing with real tensors changed the kernel structure"}

@@ -114,6 +114,7 @@ STRUCTURE_ATTR = "_solbound_structure"
 
 
 def _input_structure_mode():
+    import torch
     from torch.overrides import TorchFunctionMode
 
     class Mode(TorchFunctionMode):
@@ -125,17 +126,22 @@ def _input_structure_mode():
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             name = getattr(func, "__name__", "")
-            if name in ("triu", "tril") and type(out).__name__ in ("Tensor", "Parameter") \
+            # an in-place update (add_, copy_, __setitem__, ...) may fill the zero triangle
+            if name.endswith("_") and args and hasattr(args[0], STRUCTURE_ATTR):
+                delattr(args[0], STRUCTURE_ATTR)
+            if name.rstrip("_") in ("triu", "tril") and isinstance(out, torch.Tensor) \
                     and out.dim() >= 2:
                 diag = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
-                setattr(out, STRUCTURE_ATTR, (name, int(diag)))
+                setattr(out, STRUCTURE_ATTR, (name.rstrip("_"), int(diag)))
             return out
     return Mode()
 
 
-def input_structure(x) -> tuple[str, int] | None:
-    """``("triu"|"tril", diagonal)`` for an input built triangular, else ``None``."""
-    return getattr(x, STRUCTURE_ATTR, None)
+def input_structure(inputs) -> list[tuple[str, int] | None]:
+    """Per input leaf, in the order ``torch.export`` makes placeholders of them:
+    ``("triu"|"tril", diagonal)`` for a tensor built triangular, else ``None``."""
+    from torch.utils._pytree import tree_leaves
+    return [getattr(x, STRUCTURE_ATTR, None) for x in tree_leaves(list(inputs))]
 
 
 def _file_problem(spec: str, overrides: dict | None = None) -> Problem:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from ...ir.affine import Aff, Atom, Guard
-from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl,
+from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl, accesses,
                          subst_expr)
 from ...ir.demand import restrict_to_demand, restrict_to_support
 from ...ir.text import RESERVED
@@ -350,6 +350,8 @@ class LoweredProgram:
     # IR tensor holding a random draw -> (FX node, output index or None): validation
     # replays the framework's draw there
     random_draws: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    # intermediates the demand pass confined to the elements their readers use
+    partial: set[str] = field(default_factory=set)
 
 
 def _src_of(node: torch.fx.Node, user_files: tuple[str, ...]) -> str:
@@ -404,13 +406,20 @@ class Lowering:
         self._name_log.append(name)
         return name
 
-    def _rollback(self, n_names: int, n_tensors: int) -> None:
-        """Forget the names and tensors a failed lowering attempt created."""
+    def _undo(self, n_kernels: int, flat: set[str], n_names: int, n_tensors: int,
+              n_notes: int) -> None:
+        """Forget what a failed lowering attempt created: kernels, flat bases, names,
+        tensors, notes and random draws."""
+        del self.kernels[n_kernels:]
+        self.flat = flat
         for name in self._name_log[n_names:]:
             self._names.discard(name)
             self.tensors.pop(name, None)
+            self.random_draws.pop(name, None)
         del self._name_log[n_names:]
-        assert len(self.tensors) == n_tensors
+        del self.notes[n_notes:]
+        if len(self.tensors) != n_tensors:
+            raise RuntimeError("internal: lowering rollback left tensors behind")
 
     def new_loop(self, var: str, count: int) -> tuple[str, int, int]:
         self._loops = getattr(self, "_loops", 0) + 1
@@ -476,11 +485,22 @@ class Lowering:
                 outputs = self.finish_outputs(node, sig)
         # only now mark outputs (kernels were checked against intermediates)
         program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
-        program = _flatten(program, self.flat)
+        try:
+            program = _flatten(program, self.flat)
+        except FlatIndirectError as e:
+            name = str(e)
+            users = sorted({f"{k.opname or k.op} ({k.src or '?'})" for k in program.kernels
+                            if any(a.tensor == name and a.indirect for a in accesses(k.body))})
+            raise LoweringError(f"tensor {name} is read through a view that is affine only on "
+                                f"its flat storage and through a data-dependent index by "
+                                f"{', '.join(users)}: the IR cannot express both") from None
         program = _prune(program)
         support = self._input_support(inputs, program)
         kernels = restrict_to_support(list(program.kernels), support)
+        whole = kernels
         kernels = restrict_to_demand(kernels, {t.name for t in program.by_role("intermediate")})
+        # tensors now computed only where read: their other elements hold fill values
+        partial = {k.out for k, w in zip(kernels, whole) if k.guard != w.guard}
         program = Program(program.tensors, tuple(kernels), tuple(self.notes))
         values = {}
         for node, v in self.env.items():
@@ -492,14 +512,14 @@ class Lowering:
                                      "src": self.node_src.get(node.name, "")}
         draws = {t: v for t, v in self.random_draws.items() if t in program.tensor_map}
         return LoweredProgram(program, self.unsupported, outputs, inputs, state, self.groups,
-                              values, self.rules_used, draws)
+                              values, self.rules_used, draws, partial)
 
     def _input_support(self, inputs: list[dict], program: Program) -> dict[str, tuple[Atom, ...]]:
         """Zero-outside atoms (over coordinates x0, x1, ...) of inputs built triangular."""
         support = {}
         for spec, st in zip(inputs, self.input_structure):
             name = spec.get("ir")
-            if st is None or name is None or name not in program.tensor_map:
+            if st is None or name is None or name not in program.tensor_map or name in self.flat:
                 continue
             kind, diag = st
             r = len(program.tensor_map[name].shape)
@@ -534,9 +554,8 @@ class Lowering:
             # views into contiguous tensors (the copy's plain index may split), else
             # address the base as flat storage
             for attempt in ("direct", "materialized", "flat"):
-                mark = len(self.kernels)
-                flat_before = set(self.flat)
-                n_names, n_tensors = len(self._name_log), len(self.tensors)
+                mark = (len(self.kernels), set(self.flat), len(self._name_log), len(self.tensors),
+                        len(self.notes))
                 self.allow_flat = attempt == "flat"
                 try:
                     ctx = OpCtx(self, node)
@@ -547,22 +566,15 @@ class Lowering:
                         self.rules_used.add(fn.rule_id)
                         return
                     reason = "rule produced no value"
-                    break
                 except LoweringError as e:
-                    del self.kernels[mark:]
-                    self.flat = flat_before
-                    self._rollback(n_names, n_tensors)
                     reason = str(e)
-                    if "not affine" not in reason:
-                        break
                 except (NotImplementedError, ValueError, TypeError, KeyError, IndexError) as e:
-                    del self.kernels[mark:]
-                    self.flat = flat_before
-                    self._rollback(n_names, n_tensors)
                     reason = f"{type(e).__name__}: {e}"
-                    break
                 finally:
                     self.allow_flat = False
+                self._undo(*mark)
+                if "not affine" not in reason:
+                    break
         self._unsupported(node, reason)
 
     def _unsupported(self, node: torch.fx.Node, reason: str) -> None:
@@ -618,12 +630,15 @@ def _flat_views(v) -> list[View]:
     return []
 
 
+class FlatIndirectError(Exception):
+    """A base addressed as flat storage and through a data-dependent index."""
+
+
 def _linear(index: tuple, shape: tuple[int, ...], name: str) -> tuple[Aff]:
     flat = Aff.lit(0)
     for e, st in zip(index, _contig(shape)):
         if isinstance(e, Access):
-            raise LoweringError(f"{name} is addressed as flat storage and through a "
-                                f"data-dependent index: not expressible")
+            raise FlatIndirectError(name)
         flat = flat + e * st
     return (flat,)
 
@@ -633,6 +648,14 @@ def _flatten(p: Program, names: set[str]) -> Program:
     (row-major: the same storage, so values and footprints are unchanged)."""
     if not names:
         return p
+    names = set(names)
+    changed = True
+    while changed:      # a kernel's two outputs (argmax and its value) share one index
+        changed = False
+        for k in p.kernels:
+            if k.out2 is not None and (k.out in names) != (k.out2 in names):
+                names |= {k.out, k.out2}
+                changed = True
     shapes = {t.name: t.shape for t in p.tensors if t.name in names}
 
     def fix(e):
@@ -647,8 +670,6 @@ def _flatten(p: Program, names: set[str]) -> Program:
 
     kernels = []
     for k in p.kernels:
-        if k.out2 is not None and k.out2 in shapes:
-            raise LoweringError(f"{k.out2}: a second output addressed as flat storage")
         out_index = k.out_index
         if k.out in shapes and len(out_index) != 1:
             out_index = _linear(out_index, shapes[k.out], k.out)
@@ -694,4 +715,8 @@ def lower(ep, user_files: tuple[str, ...] = (), input_structure=()) -> LoweredPr
     """The loop IR of an exported program. ``input_structure`` (one entry per user input,
     see ``capture.input_structure``) names inputs known to be triangular."""
     from . import rules  # noqa: F401  (registers the rules)
-    return Lowering(ep, user_files, input_structure).run()
+    from .capture import FrontendError
+    try:
+        return Lowering(ep, user_files, input_structure).run()
+    except LoweringError as e:      # a whole-program fact, not one node's: no partial IR
+        raise FrontendError(f"lowering failed: {e}") from None
