@@ -213,6 +213,12 @@ def _var_ranges(vars_, extents: dict[str, int], atoms: list[Atom]) -> dict[str, 
 
 
 def _enumerate_tuples(vars_, extents, atoms, exprs: list[Aff], shape: list[int]) -> int:
+    singles = [e.terms[0][0] for e in exprs if len(e.terms) == 1]
+    if len(singles) == len(exprs) and sorted(singles) == sorted(vars_):
+        # one variable per index dim: the map is injective, so distinct elements are
+        # guarded points in range (a triangle of A[i, k] under k >= i), counted in closed form
+        in_range = tuple(Atom(e, 0, n) for e, n in zip(exprs, shape))
+        return domain_size({v: extents[v] for v in vars_}, tuple(atoms) + in_range)
     total = math.prod(extents[v] for v in vars_)
     if total > ENUM_LIMIT:
         raise OverflowError("coupled access too large to enumerate")
