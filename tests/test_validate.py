@@ -27,7 +27,8 @@ def test_validate_passes_and_reports_shapes_and_errors():
     assert any(o["kind"] == "buffer_mutation" for o in v["outputs"])
 
 
-def test_wrong_rule_is_diagnosed_with_kernel_and_source(monkeypatch):
+def _break_sigmoid(monkeypatch):
+    """A deliberately wrong rule: sigmoid lowered as tanh."""
     good = RULES["aten.sigmoid"]
 
     def bad(ctx):
@@ -35,6 +36,10 @@ def test_wrong_rule_is_diagnosed_with_kernel_and_source(monkeypatch):
         ctx.bind(elementwise(ctx, lambda a: f("tanh", a), [ctx.args[0]]))
     bad.rule_id = good.rule_id
     monkeypatch.setitem(RULES, "aten.sigmoid", bad)
+
+
+def test_wrong_rule_is_diagnosed_with_kernel_and_source(monkeypatch):
+    _break_sigmoid(monkeypatch)
     m = Fn(lambda s, x: torch.sigmoid(s.l(x)) * 2)
     m.l = nn.Linear(4, 6)
     rep = solbound.analyze(m, (r(3, 4),), validate=True)
@@ -52,13 +57,7 @@ def test_wrong_rule_is_diagnosed_with_kernel_and_source(monkeypatch):
 def test_divergence_skips_tensors_computed_only_where_read(monkeypatch):
     # the product is computed only on its lower triangle (what tril reads): comparing it
     # whole with PyTorch's full product would blame the matmul for a broken sigmoid
-    good = RULES["aten.sigmoid"]
-
-    def bad(ctx):
-        from solbound.frontends.torch.rules._util import elementwise, f
-        ctx.bind(elementwise(ctx, lambda a: f("tanh", a), [ctx.args[0]]))
-    bad.rule_id = good.rule_id
-    monkeypatch.setitem(RULES, "aten.sigmoid", bad)
+    _break_sigmoid(monkeypatch)
     rep = solbound.analyze(Fn(lambda s, a, b: torch.sigmoid(torch.tril(a @ b))),
                            (r(5, 4), r(4, 5)), validate=True)
     assert rep.lowered.partial and rep.validation["status"] == "failed"
@@ -67,13 +66,7 @@ def test_divergence_skips_tensors_computed_only_where_read(monkeypatch):
 
 def test_divergence_replays_random_draws(monkeypatch):
     # dropout's mask is replayed in the diagnosis too: the broken sigmoid after it is named
-    good = RULES["aten.sigmoid"]
-
-    def bad(ctx):
-        from solbound.frontends.torch.rules._util import elementwise, f
-        ctx.bind(elementwise(ctx, lambda a: f("tanh", a), [ctx.args[0]]))
-    bad.rule_id = good.rule_id
-    monkeypatch.setitem(RULES, "aten.sigmoid", bad)
+    _break_sigmoid(monkeypatch)
     m = Fn(lambda s, x: torch.sigmoid(s.d(x)), d=nn.Dropout(0.5))
     v = solbound.analyze(m, (r(6, 7),), validate=True).validation
     assert v["status"] == "failed" and "replayed" in v["reference"]
