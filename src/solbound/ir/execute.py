@@ -21,7 +21,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .affine import Aff, Atom, guard_holds
-from .model import Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl
+from .model import (Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl,
+                    loop_segments)
 
 CHUNK_ELEMENTS = 1 << 25
 
@@ -419,26 +420,16 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
             raise ExecutionError(f"kernel {shown.name} ({shown.opname or shown.op}, "
                                  f"{shown.src or '?'}): {type(e).__name__}: {e}") from e
 
-    i, ks = 0, p.kernels
-    while i < len(ks):
-        k = ks[i]
-        if k.loop is None:
-            run_one(k, k)
-            if on_kernel is not None:
-                on_kernel(k, arrays)
-            i += 1
-            continue
-        j = i
-        while j < len(ks) and ks[j].loop is not None and ks[j].loop[2] == k.loop[2]:
-            j += 1
-        body = ks[i:j]
-        for it in range(k.loop[1]):     # a sequential loop: iterations in order
-            for kk in body:
-                run_one(kk.bind_loop(it), kk)
+    for seg in loop_segments(p.kernels):
+        if seg[0].loop is None:
+            run_one(seg[0], seg[0])
+        else:
+            for it in range(seg[0].loop[1]):     # a sequential loop: iterations in order
+                for kk in seg:
+                    run_one(kk.bind_loop(it), kk)
         if on_kernel is not None:
-            for kk in body:
+            for kk in seg:
                 on_kernel(kk, arrays)
-        i = j
     return arrays
 
 

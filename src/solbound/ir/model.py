@@ -268,6 +268,19 @@ class Kernel:
         return replace(self, **kw)
 
 
+def loop_segments(kernels) -> list[list[Kernel]]:
+    """Kernels in program order, grouped: one sequential loop's body (consecutive kernels
+    sharing its loop id) is one segment, every other kernel a segment of its own."""
+    segments: list[list[Kernel]] = []
+    for k in kernels:
+        if k.loop is not None and segments and segments[-1][0].loop is not None \
+                and segments[-1][0].loop[2] == k.loop[2]:
+            segments[-1].append(k)
+        else:
+            segments.append([k])
+    return segments
+
+
 @dataclass(frozen=True)
 class Program:
     tensors: tuple[TensorDecl, ...]

@@ -36,7 +36,7 @@ import math
 
 from .affine import Aff, Atom, Guard
 from .model import (DTYPE_BYTES, INFIX, PREFIX, REDUCE_OPS, ROLES, SCALAR_OPS, SCAN_OPS,
-                    Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl)
+                    Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl, loop_segments)
 
 HEADER = "# solbound IR v1"
 MAX_TEXT = 50_000_000
@@ -174,16 +174,13 @@ def print_program(p: Program) -> str:
     for t in p.tensors:
         shape = ", ".join(str(s) for s in t.shape) if t.shape else "()"
         out.append(f"{t.name} = {t.role}({t.dtype}[{shape}])")
-    current = None
-    for k in p.kernels:
-        lid = k.loop[2] if k.loop else None
-        out.append("")
-        if lid is not None and lid != current:
-            out.append(f"for {k.loop[0]} in range({k.loop[1]}):")
-            out.append("")
-        current = lid
-        text = print_kernel(k)
-        out.append(text if lid is None else "\n".join("    " + ln for ln in text.split("\n")))
+    for seg in loop_segments(p.kernels):
+        loop = seg[0].loop
+        if loop is not None:
+            out += ["", f"for {loop[0]} in range({loop[1]}):"]
+        for k in seg:
+            text = print_kernel(k)
+            out += ["", text if loop is None else "\n".join("    " + ln for ln in text.split("\n"))]
     return "\n".join(out) + "\n"
 
 

@@ -25,7 +25,7 @@ import torch
 
 from ...ir.affine import Aff, Atom, Guard
 from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl, accesses,
-                         subst_expr)
+                         loop_segments, subst_expr)
 from ...ir.demand import restrict_to_demand, restrict_to_support
 from ...ir.text import RESERVED
 
@@ -384,7 +384,7 @@ class Lowering:
         # tensor names never collide with the loop-variable names rules use
         self._names: set[str] = set(RESERVED) | {"t", "b", "g", "k", "j", "c", "cc", "kk", "ts"}
         self._name_log: list[str] = []     # names in order of creation, for rollback
-        self._kcount: dict[str, int] = {}
+        self._loops = 0                    # sequential loops made so far (their ids)
         self._cur_group = ("", "", "")
         self.node_src: dict[str, str] = {}
         self.rules_used: set[str] = set()
@@ -422,7 +422,7 @@ class Lowering:
             raise RuntimeError("internal: lowering rollback left tensors behind")
 
     def new_loop(self, var: str, count: int) -> tuple[str, int, int]:
-        self._loops = getattr(self, "_loops", 0) + 1
+        self._loops += 1
         return (var, count, self._loops)
 
     def kernel_name(self, hint: str) -> str:
@@ -681,19 +681,11 @@ def _flatten(p: Program, names: set[str]) -> Program:
 
 def _prune(p: Program) -> Program:
     """Drop kernels whose outputs nobody reads (dead code after decomposition)."""
-    from ...ir.model import accesses
     live = {t.name for t in p.tensors if t.role == "output"}
-    # segments: a kernel, or the body of one sequential loop (whose kernels read, in the
-    # next iteration, what later kernels of the body write: liveness to a fixed point)
-    segments: list[list[Kernel]] = []
-    for k in p.kernels:
-        if k.loop is not None and segments and segments[-1][0].loop is not None \
-                and segments[-1][0].loop[2] == k.loop[2]:
-            segments[-1].append(k)
-        else:
-            segments.append([k])
+    # a sequential loop's body reads, in the next iteration, what later kernels of the
+    # body write: liveness over it runs to a fixed point
     kept: set[int] = set()
-    for seg in reversed(segments):
+    for seg in reversed(loop_segments(p.kernels)):
         changed = True
         while changed:
             changed = False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 
 from ....ir.affine import Aff, Atom
 from ....ir.model import Access, Call, Const, Idx
@@ -183,9 +182,6 @@ def index_tensor(ctx: OpCtx) -> None:
             xi.append(operand(kb, indices[i], ishape, bi))
     ctx.emit(kb, out, idx, Access(x.base, tuple(xi)))
     ctx.bind(out)
-
-
-del math
 
 
 @rule("aten._assert_tensor_metadata", "aten._assert_scalar", "aten.sym_constrain_range_for_size",
