@@ -21,7 +21,7 @@ import numpy as np
 from ..graph.einsum import classify
 from ..ir.execute import ExecutionError, execute
 from ..ir.affine import Aff
-from ..ir.model import Program, accesses
+from ..ir.model import Call, Program, accesses, walk
 
 EPS = {"f64": 2.2e-16, "f32": 1.19e-7, "bf16": 7.8e-3, "f16": 9.8e-4}
 DEFAULT_MAX_BYTES = 3 * 2**30
@@ -56,21 +56,34 @@ def tolerance(dtype: str, k_max: int, depth: int) -> float:
     return 8.0 * eps * growth * max(1.0, depth) ** 0.25
 
 
-def _input_scale(p: Program, arrays: dict, name: str | None) -> float:
-    """Largest magnitude among the values the producer of ``name`` reads: rounding in a
-    reduction that cancels (the mean of normalized values) is relative to its inputs."""
-    if name is None:
-        return 0.0
-    scale = 0.0
-    for k in p.kernels:
-        if name in k.outputs:
-            for a in accesses(k.body):
-                arr = arrays.get(a.tensor)
-                if arr is not None and arr.size and np.issubdtype(arr.dtype, np.floating):
-                    fin = arr[np.isfinite(arr)]
-                    if fin.size:
-                        scale = max(scale, float(np.max(np.abs(fin))))
-    return scale
+class _InputScale:
+    """Largest magnitude among the values the producer of a tensor reads: rounding in a
+    reduction that cancels (the mean of normalized values) is relative to its inputs.
+    Producers and magnitudes are found once per program run and kept."""
+
+    def __init__(self, p: Program, arrays: dict):
+        self.arrays = arrays
+        self.reads: dict[str, set[str]] = {}
+        for k in p.kernels:
+            for o in k.outputs:
+                self.reads.setdefault(o, set()).update(a.tensor for a in accesses(k.body))
+        self._mag: dict[str, float] = {}
+
+    def _magnitude(self, name: str) -> float:
+        if name not in self._mag:
+            arr = self.arrays.get(name)
+            m = 0.0
+            if arr is not None and arr.size and np.issubdtype(arr.dtype, np.floating):
+                fin = arr[np.isfinite(arr)]
+                if fin.size:
+                    m = float(np.max(np.abs(fin)))
+            self._mag[name] = m
+        return self._mag[name]
+
+    def __call__(self, name: str | None) -> float:
+        if name is None:
+            return 0.0
+        return max((self._magnitude(t) for t in self.reads.get(name, ())), default=0.0)
 
 
 def rel_error(a: np.ndarray, b: np.ndarray, floor: float = 0.0) -> float:
@@ -145,18 +158,28 @@ def _strided(arr: np.ndarray, shape, strides, offset) -> np.ndarray:
     return as_strided(flat[offset:], shape=tuple(shape), strides=tuple(s * item for s in strides))
 
 
+def _feeds(lowered, inputs: tuple, state_of) -> dict[str, np.ndarray]:
+    """The IR's external tensors by name: user inputs, then state (``state_of(target)``)."""
+    feeds = {spec["ir"]: _to_np(val) for spec, val in zip(lowered.inputs, inputs)
+             if spec.get("ir")}
+    for s in lowered.state:
+        feeds[s["ir"]] = _to_np(state_of(s["target"]))
+    return feeds
+
+
+def _graph_args(ep, model, inputs: tuple) -> list:
+    """Arguments of the exported graph: user inputs and the model's state, in its order."""
+    user_iter = iter(inputs)
+    return [next(user_iter) if spec.kind.name == "USER_INPUT"
+            else _state_value(model, spec.target, ep) for spec in ep.graph_signature.input_specs]
+
+
 def run_original(model, inputs: tuple, lowered, ep=None) -> dict[str, Any]:
     """Golden values: IR-named inputs/state before the call, and the outputs after."""
     import torch
-    feeds: dict[str, np.ndarray] = {}
-    before = {}
-    for s in lowered.state:
-        before[s["target"]] = _state_value(model, s["target"], ep).detach().clone()
-    for spec, val in zip(lowered.inputs, inputs):
-        if spec.get("ir"):
-            feeds[spec["ir"]] = _to_np(val)
-    for s in lowered.state:
-        feeds[s["ir"]] = _to_np(before[s["target"]])
+    before = {s["target"]: _state_value(model, s["target"], ep).detach().clone()
+              for s in lowered.state}
+    feeds = _feeds(lowered, inputs, before.__getitem__)
     with torch.no_grad():
         out = model(*inputs)
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -181,19 +204,8 @@ def run_graph_replaying_draws(model, inputs: tuple, lowered, ep) -> dict[str, An
     import torch
     from torch.fx import Interpreter
 
-    sig = ep.graph_signature
-    args, feeds = [], {}
-    user_iter = iter(inputs)
-    for spec in sig.input_specs:
-        if spec.kind.name == "USER_INPUT":
-            args.append(next(user_iter))
-        else:
-            args.append(_state_value(model, spec.target, ep).detach().clone())
-    for spec, val in zip(lowered.inputs, inputs):
-        if spec.get("ir"):
-            feeds[spec["ir"]] = _to_np(val)
-    for s in lowered.state:
-        feeds[s["ir"]] = _to_np(_state_value(model, s["target"], ep))
+    args = _graph_args(ep, model, inputs)
+    feeds = _feeds(lowered, inputs, lambda target: _state_value(model, target, ep))
     wanted = {node for node, _ in lowered.random_draws.values()}
     recorded: dict[str, Any] = {}
 
@@ -216,7 +228,9 @@ def run_graph_replaying_draws(model, inputs: tuple, lowered, ep) -> dict[str, An
     return {"feeds": feeds, "golden": golden, "draws": draws, "recorded": recorded}
 
 
-def compare(lowered, arrays: dict[str, np.ndarray], golden: list, tol: float) -> list[dict]:
+def compare(lowered, arrays: dict[str, np.ndarray], golden: list, tol: float,
+            scale: _InputScale | None = None) -> list[dict]:
+    scale = scale or _InputScale(lowered.program, arrays)
     res = []
     for o, g in zip(lowered.outputs, golden):
         if g is None:
@@ -225,7 +239,7 @@ def compare(lowered, arrays: dict[str, np.ndarray], golden: list, tol: float) ->
             val = np.asarray(o.get("value"))
         else:
             val = _strided(arrays[o["ir"]], o["shape"], o["strides"], o["offset"])
-        err = rel_error(val, g, _input_scale(lowered.program, arrays, o.get("ir")))
+        err = rel_error(val, g, scale(o.get("ir")))
         res.append({"output": o.get("target") or o.get("ir"), "kind": o["kind"],
                     "shape": list(np.shape(g)), "worst_rel_error": err if math.isfinite(err) else None,
                     "ok": bool(err <= tol)})
@@ -287,7 +301,7 @@ def recheck_in_f64(lowered, ep, model, inputs, golden32: list, outs: list[dict],
 
 
 def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
-                     replay: dict | None = None) -> dict | None:
+                     replay: dict | None = None, scale: _InputScale | None = None) -> dict | None:
     """Run the decomposed graph on the same real inputs and find the first node
     whose IR value differs (by node order), naming its kernel and source.
 
@@ -296,15 +310,8 @@ def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
     import torch
     from torch.fx import Interpreter
 
-    sig = ep.graph_signature
-    args = []
-    user_iter = iter(inputs)
-    for spec in sig.input_specs:
-        kind = spec.kind.name
-        if kind == "USER_INPUT":
-            args.append(next(user_iter))
-        else:
-            args.append(_state_value(model, spec.target, ep))
+    scale = scale or _InputScale(lowered.program, arrays)
+    args = _graph_args(ep, model, inputs)
     produced: dict[str, str] = {}
     for k in lowered.program.kernels:
         produced.setdefault(k.out, k.name)
@@ -322,8 +329,7 @@ def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
                         and info["ir"] not in lowered.partial:
                     mine = _strided(arrays[info["ir"]], info["shape"], info["strides"],
                                     info["offset"])
-                    err = rel_error(mine, _to_np(val),
-                                    _input_scale(lowered.program, arrays, info["ir"]))
+                    err = rel_error(mine, _to_np(val), scale(info["ir"]))
                     if not err <= tol:
                         self.found = {"node": n.name, "kernel": produced[info["ir"]],
                                       "operator": str(n.target), "source": info.get("src", ""),
@@ -364,7 +370,6 @@ def _structure(p: Program) -> list[tuple]:
 def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
     """Compare the IR against ``model(*inputs)`` (real tensors)."""
     t0 = time.perf_counter()
-    from ..ir.model import Call, walk
     p = lowered.program
     random_kernels = [k.name for k in p.kernels if k.out not in lowered.random_draws
                       and any(isinstance(e, Call) and e.op == "rand" for e in walk(k.body))]
@@ -394,7 +399,8 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
     except ExecutionError as e:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}
-    outs = compare(lowered, arrays, gold["golden"], tol)
+    scale = _InputScale(p, arrays)
+    outs = compare(lowered, arrays, gold["golden"], tol, scale)
     if not all(o["ok"] for o in outs) and src_dtype == "f32" and not lowered.random_draws:
         recheck_in_f64(lowered, ep, model_copy, inputs, gold["golden"], outs, arrays)
     ok = all(o["ok"] for o in outs)
@@ -409,7 +415,7 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
                       for i in lowered.inputs if i.get("ir")}}
     if not ok and ep is not None:
         fd = first_divergence(ep, lowered, model_copy, inputs, arrays, tol,
-                              gold.get("recorded"))
+                              gold.get("recorded"), scale)
         res["first_divergence"] = fd
     if lowered.unsupported:
         res["status"] = "failed"
