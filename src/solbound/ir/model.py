@@ -78,7 +78,7 @@ SCALAR_OPS: dict[str, tuple[int, str | None]] = {
     "round": (1, VECTOR), "trunc": (1, VECTOR), "sign": (1, VECTOR),
     "fma": (3, VECTOR), "isnan": (1, VECTOR),
     # a uniform [0, 1) draw per point (random number generation): not reproducible
-    # against the framework's generator, so programs using it are not value-validated
+    # against the framework's generator; validation replays the framework's draws
     "rand": (0, VECTOR),
     # special functions (transcendentals; one special-function-unit op each)
     "exp": (1, SPECIAL), "exp2": (1, SPECIAL), "log": (1, SPECIAL), "log2": (1, SPECIAL),

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ....ir.affine import Aff
 from ....ir.model import Call
 from ..lower import LoweringError, OpCtx, View, rule
-from ._util import C, dims_vars, div, mul, norm_dims, reduce_kernel, sub
+from ._util import C, _out_index, dims_vars, div, f, mul, norm_dims, reduce_kernel, sub
 
 
 def _reduction_count(x: View, rd: list[int]) -> int:
@@ -63,7 +63,6 @@ def _arg_reduce(op: str, with_values: bool):
             kept = [i for i in range(x.ndim) if i not in rd]
             kb = ctx.builder([x.shape[i] for i in kept], [x.shape[i] for i in rd])
             xi = _index(x.ndim, kept, rd)
-            from ._util import _out_index
             out_idx = _out_index(idxs, x.ndim, kept, rd)
             ctx.emit(kb, idxs, out_idx, kb.load(x, xi), reduce=op, out2=vals.base)
             ctx.bind([vals, idxs])
@@ -74,7 +73,6 @@ def _arg_reduce(op: str, with_values: bool):
             kept = [i for i in range(x.ndim) if i not in rd]
             kb = ctx.builder([x.shape[i] for i in kept], [x.shape[i] for i in rd])
             xi = _index(x.ndim, kept, rd)
-            from ._util import _out_index
             ctx.emit(kb, out, _out_index(out, x.ndim, kept, rd), kb.load(x, xi), reduce=op)
             ctx.bind(out)
     return lower
@@ -181,7 +179,6 @@ def vector_norm(ctx: OpCtx) -> None:
     ordp = ctx.args[1] if len(ctx.args) > 1 else ctx.kwargs.get("ord", 2)
     rd = norm_dims(_dims_arg(ctx, 2, "dim"), x.ndim)
     out = ctx.output()
-    from ._util import f
     if ordp == float("inf"):
         reduce_kernel(ctx, x, rd, "max", lambda a: f("abs", a), out, out.shape)
         ctx.bind(out)
