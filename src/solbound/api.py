@@ -42,7 +42,7 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     ``arch`` is a comma-separated string of catalog ids, a list of ids/specs, or
     ``None`` for the default set.
     """
-    from .frontends.torch.capture import export_program, input_structure
+    from .frontends.torch.capture import export_program, input_structure, state_structure
     from .frontends.torch.lower import lower
 
     src = source or type(module).__name__
@@ -50,7 +50,7 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     ep = export_program(module, tuple(inputs), src)
     t1 = time.perf_counter()
     user_files = (source,) if source and os.path.exists(source) else ()
-    lowered = lower(ep, user_files, input_structure(inputs))
+    lowered = lower(ep, user_files, input_structure(inputs), state_structure(module))
     t2 = time.perf_counter()
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"export_s": t1 - t0, "lower_s": t2 - t1})

@@ -58,11 +58,20 @@ def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None]
     return box, atoms
 
 
-def _identity_writer(k: Kernel) -> list[str] | None:
-    names = [a.single_var() for a in k.out_index]
-    if any(n is None for n in names) or len(set(names)) != len(names):
-        return None
-    return names
+def _identity_writer(k: Kernel) -> list[str | None] | None:
+    """One loop variable per coordinate (``None`` where the coordinate is written at 0:
+    a size-1 dimension whose loop was folded away)."""
+    names = []
+    for a in k.out_index:
+        if a.is_const and a.const == 0:
+            names.append(None)
+            continue
+        v = a.single_var()
+        if v is None:
+            return None
+        names.append(v)
+    used = [v for v in names if v is not None]
+    return names if used and len(set(used)) == len(used) else None
 
 
 def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[Kernel]:
@@ -99,15 +108,19 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
             hull.append(None if any(s is None for s in spans)
                         else (min(s[0] for s in spans), max(s[1] for s in spans)))
         shared = set.intersection(*(r[1] for r in regions))
-        to_var = {_X.format(d): Aff.var(names[d]) for d in range(rank)}
+        to_var = {_X.format(d): Aff.var(names[d]) for d in range(rank) if names[d] is not None}
         ext = p.extents
         new: list[Atom] = []
         for d, span in enumerate(hull):
+            if names[d] is None:
+                continue
             n = ext[names[d]]
             if span is not None and (span[0] > 0 or span[1] < n - 1):
                 new.append(Atom(Aff.var(names[d]), span[0] if span[0] > 0 else None,
                                 span[1] + 1 if span[1] < n - 1 else None))
         for a in sorted(shared, key=str):
+            if not set(a.expr.vars) <= set(to_var):
+                continue
             atom = Atom(a.expr.subst(to_var), a.lo, a.hi)
             lo, hi = atom.expr.bounds(ext)
             if (atom.lo is None or lo >= atom.lo) and (atom.hi is None or hi < atom.hi):

@@ -442,7 +442,7 @@ def _build_real(problem, seed: int):
 def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
                     max_bytes: int = DEFAULT_MAX_BYTES, max_seconds: float = DEFAULT_MAX_SECONDS) -> dict:
     """Fill ``rep.validation``; reduce shapes when the program is over budget."""
-    from ..frontends.torch.capture import export_program, input_structure
+    from ..frontends.torch.capture import export_program, input_structure, state_structure
     from ..frontends.torch.lower import lower
 
     flops = sum(rep.counts.flops.values())
@@ -462,7 +462,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
                 ep_r = export_program(m, inp, problem.source)
             except Exception:  # noqa: BLE001 - a size the program does not accept
                 continue
-            low_r = lower(ep_r, (), input_structure(inp))
+            low_r = lower(ep_r, (), input_structure(inp), state_structure(m))
             if _structure(low_r.program) != _structure(lowered.program):
                 continue
             from ..analysis.counts import count_program
@@ -485,7 +485,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
     import torch
     with torch.no_grad():
         ep = export_program(model, tuple(inputs), rep.source)
-    low = lower(ep, (), input_structure(inputs))
+    low = lower(ep, (), input_structure(inputs), state_structure(model))
     if reduced is None and _structure(low.program) != _structure(lowered.program):
         rep.validation = {"status": "failed",
                           "reason": "re-tracing with real tensors changed the kernel structure"}

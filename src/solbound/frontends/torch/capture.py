@@ -111,6 +111,11 @@ def _import_file(path: str):
 
 
 STRUCTURE_ATTR = "_solbound_structure"
+CONST_ATTR = "_solbound_const"
+# tensor methods that keep every element where it is in the last two dimensions (or only
+# add leading ones): a triangular tensor stays triangular through them
+_SHAPE_KEEPING = {"view", "reshape", "unsqueeze", "expand", "contiguous", "to", "float",
+                  "half", "bfloat16", "bool", "type", "clone", "detach", "requires_grad_"}
 
 
 def _input_structure_mode():
@@ -118,30 +123,80 @@ def _input_structure_mode():
     from torch.overrides import TorchFunctionMode
 
     class Mode(TorchFunctionMode):
-        """Marks tensors made by ``torch.triu``/``torch.tril`` (``(name, diagonal)``), so
-        that an input ``get_inputs`` builds triangular is known to be zero outside its
-        triangle: the structure the problem states, read from how it builds its inputs."""
+        """Marks tensors made by ``torch.triu``/``torch.tril`` with
+        ``(name, diagonal, value inside or None)``, so that a tensor the program builds
+        triangular is known to be zero outside its triangle (and, for ``tril(ones)``,
+        one inside): the structure the problem states, read from how it builds its
+        inputs and constant buffers, never from their values."""
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             name = getattr(func, "__name__", "")
+            first = args[0] if args else None
             # an in-place update (add_, copy_, __setitem__, ...) may fill the zero triangle
-            if name.endswith("_") and args and hasattr(args[0], STRUCTURE_ATTR):
-                delattr(args[0], STRUCTURE_ATTR)
-            if name.rstrip("_") in ("triu", "tril") and isinstance(out, torch.Tensor) \
-                    and out.dim() >= 2:
+            if name.endswith("_") and name != "requires_grad_" and hasattr(first, STRUCTURE_ATTR):
+                delattr(first, STRUCTURE_ATTR)
+            if not isinstance(out, torch.Tensor):
+                return out
+            if name in ("ones", "ones_like") or (name in ("full", "full_like") and len(args) > 1
+                                                  and args[1] == 1):
+                setattr(out, CONST_ATTR, 1)
+            elif name in _SHAPE_KEEPING and isinstance(first, torch.Tensor) and out is not first:
+                for attr in (STRUCTURE_ATTR, CONST_ATTR):
+                    tag = getattr(first, attr, None)
+                    if tag is not None and (attr == CONST_ATTR or (
+                            out.dim() >= 2 and out.shape[-2:] == first.shape[-2:])):
+                        setattr(out, attr, tag)
+            if name.rstrip("_") in ("triu", "tril") and out.dim() >= 2:
                 diag = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
-                setattr(out, STRUCTURE_ATTR, (name.rstrip("_"), int(diag)))
+                setattr(out, STRUCTURE_ATTR, (name.rstrip("_"), int(diag),
+                                              getattr(first, CONST_ATTR, None)))
             return out
     return Mode()
 
 
-def input_structure(inputs) -> list[tuple[str, int] | None]:
+def input_structure(inputs) -> list[tuple[str, int, object] | None]:
     """Per input leaf, in the order ``torch.export`` makes placeholders of them:
-    ``("triu"|"tril", diagonal)`` for a tensor built triangular, else ``None``."""
+    ``("triu"|"tril", diagonal, value inside)`` for a tensor built triangular, else ``None``."""
     from torch.utils._pytree import tree_leaves
     return [getattr(x, STRUCTURE_ATTR, None) for x in tree_leaves(list(inputs))]
+
+
+def _triangular_by_value(t) -> tuple[str, int, object] | None:
+    """``tril``/``triu`` structure of a constant tensor with real values (a causal mask
+    buffer made in ``__init__``): ``(kind, 0, 1 or None)``."""
+    import torch
+    if t.dim() < 2 or t.shape[-1] < 2 or t.numel() > (1 << 24) or t.is_complex():
+        return None
+    if not torch.any(t):
+        return None
+    for kind, fn in (("tril", torch.tril), ("triu", torch.triu)):
+        if torch.equal(fn(t), t):
+            ones = torch.equal(t, fn(torch.ones_like(t)))
+            return (kind, 0, 1 if ones else None)
+    return None
+
+
+def state_structure(model) -> dict[str, tuple[str, int, object]]:
+    """Triangular constant tensors of a module (buffers and plain tensor attributes), by
+    qualified name: tagged when built under the structure mode (meta device), else read
+    from their values (a constant the module holds before it runs)."""
+    import torch
+    out = {}
+    for prefix, mod in model.named_modules():
+        items = list(mod._buffers.items()) + [(k, v) for k, v in vars(mod).items()
+                                              if isinstance(v, torch.Tensor)
+                                              and not isinstance(v, torch.nn.Parameter)]
+        for name, t in items:
+            if not isinstance(t, torch.Tensor):
+                continue
+            tag = getattr(t, STRUCTURE_ATTR, None)
+            if tag is None and t.device.type != "meta":
+                tag = _triangular_by_value(t)
+            if tag is not None:
+                out[f"{prefix}.{name}" if prefix else name] = tag
+    return out
 
 
 def _file_problem(spec: str, overrides: dict | None = None) -> Problem:
@@ -156,11 +211,10 @@ def _file_problem(spec: str, overrides: dict | None = None) -> Problem:
     def build(device: str, mod=mod, spec=spec):
         import torch
         try:
-            with torch.device(device):
+            with torch.device(device), _input_structure_mode():
                 init = mod.get_init_inputs()
                 model = mod.Model(*init)
-                with _input_structure_mode():
-                    inputs = mod.get_inputs()
+                inputs = mod.get_inputs()
         except Exception as e:  # noqa: BLE001
             raise FrontendError(f"{spec} ({_where(e, spec)}): building Model/get_inputs "
                                 f"failed: {_oneline(e)}") from None
@@ -187,7 +241,7 @@ def load_problem(spec: str) -> Problem:
     def build_factory(device: str):
         import torch
         try:
-            with torch.device(device):
+            with torch.device(device), _input_structure_mode():
                 res = factory()
         except Exception as e:  # noqa: BLE001
             raise FrontendError(f"{spec}: factory failed: {_oneline(e)}") from None

@@ -27,6 +27,7 @@ from ...ir.affine import Aff, Atom, Guard
 from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl, accesses,
                          loop_segments, subst_expr)
 from ...ir.demand import restrict_to_demand, restrict_to_support
+from ...ir.known import propagate_known, seed_from_structure
 from ...ir.text import RESERVED
 
 TORCH_DTYPES = {
@@ -371,9 +372,11 @@ def _src_of(node: torch.fx.Node, user_files: tuple[str, ...]) -> str:
 
 
 class Lowering:
-    def __init__(self, ep, user_files: tuple[str, ...] = (), input_structure=()):
+    def __init__(self, ep, user_files: tuple[str, ...] = (), input_structure=(),
+                 state_structure=None):
         self.ep = ep
         self.input_structure = list(input_structure)
+        self.state_structure = dict(state_structure or {})
         self.user_files = tuple(os.path.abspath(f) for f in user_files)
         self.env: dict[torch.fx.Node, Any] = {}
         self.tensors: dict[str, TensorDecl] = {}
@@ -497,6 +500,12 @@ class Lowering:
         program = _prune(program)
         support = self._input_support(inputs, program)
         kernels = restrict_to_support(list(program.kernels), support)
+        # masks built from indices (and constant triangular buffers) become guards
+        seeds = {name: _support_fact(atoms) for name, atoms in support.items()}
+        seeds.update(self._state_seeds(state, program))
+        kernels = propagate_known(kernels, {t.name: t.shape for t in program.tensors}, seeds)
+        program = _prune(Program(program.tensors, tuple(kernels), program.notes))
+        kernels = list(program.kernels)
         whole = kernels
         kernels = restrict_to_demand(kernels, {t.name for t in program.by_role("intermediate")})
         # tensors now computed only where read: their other elements hold fill values
@@ -521,7 +530,7 @@ class Lowering:
             name = spec.get("ir")
             if st is None or name is None or name not in program.tensor_map or name in self.flat:
                 continue
-            kind, diag = st
+            kind, diag = st[0], st[1]
             r = len(program.tensor_map[name].shape)
             diff = Aff.var(f"x{r - 1}") - Aff.var(f"x{r - 2}")
             support[name] = (Atom(diff, diag, None) if kind == "triu" else Atom(diff, None, diag + 1),)
@@ -529,6 +538,22 @@ class Lowering:
                               f"(get_inputs builds it with torch.{kind}, diagonal {diag}): "
                               f"products that read it skip its zero triangle")
         return support
+
+    def _state_seeds(self, state: list[dict], program: Program) -> dict:
+        """Facts of constant buffers built triangular (a causal mask made in ``__init__``)."""
+        seeds = {}
+        tmap = program.tensor_map
+        for st in state:
+            tag = self.state_structure.get(st["target"])
+            name = st["ir"]
+            if tag is None or name not in tmap or name in self.flat or len(tmap[name].shape) < 2:
+                continue
+            kind, diag, inside = tag
+            seeds[name] = seed_from_structure(kind, diag, len(tmap[name].shape), inside)
+            self.notes.append(f"{st['role']} {st['target']} is {'lower' if kind == 'tril' else 'upper'}"
+                              f" triangular{' of ones' if inside == 1 else ''} (built with "
+                              f"torch.{kind}): work it masks is skipped")
+        return seeds
 
     def _group_of(self, node: torch.fx.Node) -> tuple[str, str, str]:
         fn = node.meta.get("from_node") or []
@@ -703,12 +728,19 @@ def _prune(p: Program) -> Program:
     return Program(tensors, tuple(keep), p.notes)
 
 
-def lower(ep, user_files: tuple[str, ...] = (), input_structure=()) -> LoweredProgram:
+def _support_fact(atoms):
+    from ...ir.known import UNKNOWN, Cond, Known
+    return Cond(tuple(atoms), UNKNOWN, Known(0))
+
+
+def lower(ep, user_files: tuple[str, ...] = (), input_structure=(),
+          state_structure=None) -> LoweredProgram:
     """The loop IR of an exported program. ``input_structure`` (one entry per user input,
-    see ``capture.input_structure``) names inputs known to be triangular."""
+    see ``capture.input_structure``) names inputs known to be triangular,
+    ``state_structure`` (``capture.state_structure``) constant buffers built triangular."""
     from . import rules  # noqa: F401  (registers the rules)
     from .capture import FrontendError
     try:
-        return Lowering(ep, user_files, input_structure).run()
+        return Lowering(ep, user_files, input_structure, state_structure).run()
     except LoweringError as e:      # a whole-program fact, not one node's: no partial IR
         raise FrontendError(f"lowering failed: {e}") from None

@@ -1,0 +1,424 @@
+"""Known values: masks built from indices become guards.
+
+Attention masks are values the program computes without reading data: ``tril`` of a
+constant, ``arange(n)[None, :] <= arange(n)[:, None]``, a sliding window
+``(j <= i) & (j > i - w)``, a float bias ``where(mask, 0, -inf)``. This pass finds, for
+each tensor, a *fact*: a region outside of which its value is a known constant, and
+turns that knowledge into guards so that the masked work is neither computed nor read:
+
+* a map whose body, outside some affine region, evaluates to a constant whatever its
+  data inputs hold gets that region as its guard and the constant as its fill
+  (``scores + bias`` is ``-inf`` outside the causal triangle);
+* a reduction skips the points whose body evaluates to the reduction's identity
+  (``max`` over ``-inf``, ``sum`` over ``exp(-inf - m) = 0``, ``any`` over ``False``);
+* a contraction skips the points where a factor is zero (``softmax @ v`` where the
+  probabilities are zero).
+
+The demand pass (``ir/demand.py``), run afterwards, then confines the producers (the
+score product ``q @ k^T``) to what those guards read.
+
+Values are evaluated abstractly, per kernel, over a small domain: a known constant
+(:class:`Known`), an integer affine function of the loop variables (:class:`Lin`,
+``arange``), a conditional ``Cond(atoms, t, f)`` (``t`` where every affine atom holds,
+``f`` elsewhere) or unknown data (``UNKNOWN``). Data read from tensors is assumed
+finite, and a division ``0 / x`` by data is assumed to be ``0`` (the denominator of a
+softmax is at least 1). Every rewrite preserves the program's values under these
+assumptions, so validation still compares the rewritten IR with the framework.
+
+Facts are derived only for tensors written by one kernel with an identity index (one
+loop variable per coordinate over the whole tensor), outside sequential loops; a
+tensor whose facts are not known is data.
+
+>>> from solbound.ir.model import Access, Call, Const, Idx, Kernel
+>>> i, j = Aff.var("i"), Aff.var("j")
+>>> mask = Kernel("mask", (("i", 4), ("j", 4)), "m", (i, j), Call("le", (Idx(j), Idx(i))))
+>>> masked = Kernel("fill", (("i", 4), ("j", 4)), "s", (i, j),
+...                 Call("select", (Access("m", (i, j)), Access("x", (i, j)), Const(-math.inf))))
+>>> ks = propagate_known([mask, masked], {"m": (4, 4), "s": (4, 4), "x": (4, 4)})
+>>> [str(a) for a in ks[1].guard], ks[1].fill
+(['j - i < 1'], -inf)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .affine import Aff, Atom
+from .model import Access, Call, Const, Idx, Kernel, walk
+
+
+# ----------------------------------------------------------------------------
+# the abstract domain
+
+
+class _Unknown:
+    def __repr__(self) -> str:
+        return "UNKNOWN"
+
+
+UNKNOWN = _Unknown()
+
+
+@dataclass(frozen=True)
+class Known:
+    value: float | int | bool
+
+
+@dataclass(frozen=True)
+class Lin:
+    """An integer-valued affine function of the loop variables (or of coordinates)."""
+
+    expr: Aff
+
+
+@dataclass(frozen=True)
+class Cond:
+    """``t`` where every atom holds, ``f`` elsewhere (``t``/``f``: Known or UNKNOWN)."""
+
+    atoms: tuple[Atom, ...]
+    t: object
+    f: object
+
+
+def _eq(a, b) -> bool:
+    """Equality of two non-Cond abstract values (NaN-free constants)."""
+    return isinstance(a, Known) and isinstance(b, Known) and a.value == b.value
+
+
+def canon(a: Atom) -> Atom:
+    """One spelling per atom: terms sorted by variable name."""
+    return Atom(Aff(tuple(sorted(a.expr.terms)), a.expr.const), a.lo, a.hi)
+
+
+def _sort_atoms(atoms) -> tuple[Atom, ...]:
+    seen: dict[str, Atom] = {}
+    for a in atoms:
+        a = canon(a)
+        seen.setdefault(str(a), a)
+    return tuple(seen[k] for k in sorted(seen))
+
+
+def _cond(atoms, t, f):
+    """A normalized Cond: constant atoms folded, nested conditions merged where exact."""
+    live = []
+    for a in atoms:
+        if not a.expr.vars:
+            v = a.expr.const
+            if (a.lo is not None and v < a.lo) or (a.hi is not None and v >= a.hi):
+                return f           # never holds
+            continue               # always holds
+        live.append(a)
+    if not live:
+        return t
+    if isinstance(t, Cond):
+        # inside A: Cond(B, t2, f2); outside A: f. Exact as Cond(A+B, t2, f) iff f2 == f
+        if _eq(t.f, f):
+            return _cond(tuple(live) + t.atoms, t.t, f)
+        return _cond(live, UNKNOWN, f)
+    if isinstance(f, Cond):
+        return UNKNOWN
+    if _eq(t, f):
+        return t
+    if t is UNKNOWN and f is UNKNOWN:
+        return UNKNOWN
+    return Cond(_sort_atoms(live), t, f)
+
+
+# ----------------------------------------------------------------------------
+# scalar ops on known values
+
+_IDENTITY = {"sum": 0, "prod": 1, "max": -math.inf, "min": math.inf, "any": False,
+             "all": True}
+
+
+def _is(v, x) -> bool:
+    return isinstance(v, Known) and v.value == x
+
+
+def _concrete(op: str, vals: list):
+    """``op`` on Python constants (None when undefined here)."""
+    a = vals[0] if vals else None
+    b = vals[1] if len(vals) > 1 else None
+    try:
+        if op == "add":
+            return a + b
+        if op == "sub":
+            return a - b
+        if op == "mul":
+            if (a == 0 and math.isinf(b)) or (b == 0 and math.isinf(a)):
+                return None
+            return a * b
+        if op == "div":
+            return a / b if b != 0 else None
+        if op == "neg":
+            return -a
+        if op in ("lt", "le", "gt", "ge", "eq", "ne"):
+            return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b,
+                    "ne": a != b}[op]
+        if op == "and":
+            return bool(a) and bool(b)
+        if op == "or":
+            return bool(a) or bool(b)
+        if op == "not":
+            return not a
+        if op == "maximum":
+            return max(a, b)
+        if op == "minimum":
+            return min(a, b)
+        if op == "abs":
+            return abs(a)
+        if op == "select":
+            return vals[1] if vals[0] else vals[2]
+        if op == "exp":
+            return 0.0 if a == -math.inf else math.exp(a)
+        if op == "isnan":
+            return a != a
+        if op.startswith("to_"):
+            dt = op[3:]
+            if dt == "bool":
+                return bool(a)
+            if dt.startswith(("i", "u")):
+                return int(a) if not (isinstance(a, float) and not math.isfinite(a)) else None
+            return float(a)
+    except (TypeError, ValueError, OverflowError, ZeroDivisionError):
+        return None
+    return None
+
+
+def _apply(op: str, args: list):
+    """The abstract value of ``op(args)`` (no Cond among ``args``)."""
+    if all(isinstance(a, Known) for a in args):
+        r = _concrete(op, [a.value for a in args])
+        return UNKNOWN if r is None else Known(r)
+    lins = [a for a in args if isinstance(a, Lin)]
+    if lins:
+        return _apply_lin(op, args)
+    # data is finite: absorbing constants
+    if op == "mul" and any(_is(a, 0) or _is(a, False) for a in args):
+        return Known(0.0)
+    if op in ("add", "sub") and len(args) == 2:
+        a, b = args
+        for v in (a, b):
+            if isinstance(v, Known) and isinstance(v.value, float) and math.isinf(v.value):
+                if op == "add" or v is a:
+                    return Known(v.value)
+                return Known(-v.value)
+    if op == "div" and _is(args[0], 0):
+        return Known(0.0)
+    if op == "and" and any(_is(a, False) for a in args):
+        return Known(False)
+    if op == "or" and any(_is(a, True) for a in args):
+        return Known(True)
+    if op == "maximum" and any(_is(a, math.inf) for a in args):
+        return Known(math.inf)
+    if op == "minimum" and any(_is(a, -math.inf) for a in args):
+        return Known(-math.inf)
+    if op == "select":
+        c, x, y = args
+        if isinstance(c, Known):
+            return x if c.value else y
+        if isinstance(x, Known) and isinstance(y, Known) and _eq(x, y):
+            return x
+    if op.startswith("to_") and isinstance(args[0], Known):
+        r = _concrete(op, [args[0].value])
+        return UNKNOWN if r is None else Known(r)
+    return UNKNOWN
+
+
+_CMP = {"lt": (None, 0), "le": (None, 1), "gt": (1, None), "ge": (0, None), "eq": (0, 1)}
+
+
+def _apply_lin(op: str, args: list):
+    def lin(v) -> Aff | None:
+        if isinstance(v, Lin):
+            return v.expr
+        if isinstance(v, Known) and not isinstance(v.value, bool) and float(v.value).is_integer():
+            return Aff.lit(int(v.value))
+        return None
+    ls = [lin(a) for a in args]
+    if any(x is None for x in ls):
+        return UNKNOWN
+    if op == "add":
+        return Lin(ls[0] + ls[1])
+    if op == "sub":
+        return Lin(ls[0] - ls[1])
+    if op == "neg":
+        return Lin(-ls[0])
+    if op == "mul" and (ls[0].is_const or ls[1].is_const):
+        return Lin(ls[0] * ls[1].const if ls[1].is_const else ls[1] * ls[0].const)
+    if op in _CMP:
+        lo, hi = _CMP[op]
+        return _cond((Atom(ls[0] - ls[1], lo, hi),), Known(True), Known(False))
+    if op == "ne":
+        return _cond((Atom(ls[0] - ls[1], 0, 1),), Known(False), Known(True))
+    if op.startswith("to_") and op[3:] != "bool":
+        return args[0]
+    return UNKNOWN
+
+
+def _eval_call(op: str, args: list):
+    """``op(args)``, splitting on the first conditional argument."""
+    for pos, a in enumerate(args):
+        if isinstance(a, Cond):
+            inside = _eval_call(op, args[:pos] + [a.t] + args[pos + 1:])
+            outside = _eval_call(op, args[:pos] + [a.f] + args[pos + 1:])
+            if isinstance(outside, Cond):
+                return UNKNOWN      # not of the form "outside a region, a constant"
+            return _cond(a.atoms, inside, outside)
+    return _apply(op, args)
+
+
+# ----------------------------------------------------------------------------
+# facts about tensors (over coordinates x0, x1, ...)
+
+_X = "x{}"
+
+
+def _to_coords(atoms, names: list[str | None]) -> tuple[Atom, ...] | None:
+    sub = {v: Aff.var(_X.format(d)) for d, v in enumerate(names) if v is not None}
+    out = []
+    for a in atoms:
+        if not set(a.expr.vars) <= set(sub):
+            return None
+        out.append(a.subst(sub))
+    return tuple(out)
+
+
+def _fact_at(fact, index: tuple):
+    """A tensor fact seen through an access index (affine in the kernel's variables)."""
+    sub = {_X.format(d): e for d, e in enumerate(index)}
+    if isinstance(fact, Lin):
+        return Lin(fact.expr.subst(sub))
+    if isinstance(fact, Cond):
+        return _cond(tuple(a.subst(sub) for a in fact.atoms), fact.t, fact.f)
+    return fact
+
+
+def _eval(e, facts: dict):
+    if isinstance(e, Const):
+        return Known(e.value)
+    if isinstance(e, Idx):
+        return Lin(e.expr)
+    if isinstance(e, Access):
+        fact = facts.get(e.tensor)
+        if fact is None or e.indirect:
+            return UNKNOWN
+        return _fact_at(fact, e.index)
+    if isinstance(e, Call):
+        return _eval_call(e.op, [_eval(a, facts) for a in e.args])
+    return UNKNOWN
+
+
+def _identity_names(k: Kernel, shape) -> list[str | None] | None:
+    """The loop variable of each coordinate when ``k`` writes the whole tensor, one
+    variable per coordinate (``None`` for a coordinate of size 1 written at 0)."""
+    if len(k.out_index) != len(shape):
+        return None
+    names = []
+    for a, n in zip(k.out_index, shape):
+        if a.is_const and a.const == 0 and n == 1:
+            names.append(None)
+            continue
+        v = a.single_var()
+        if v is None or k.extents.get(v) != n:
+            return None
+        names.append(v)
+    used = [v for v in names if v is not None]
+    return names if len(set(used)) == len(used) else None
+
+
+def _implied(atom: Atom, ext: dict[str, int]) -> bool:
+    lo, hi = atom.expr.bounds(ext)
+    return (atom.lo is None or lo >= atom.lo) and (atom.hi is None or hi < atom.hi)
+
+
+def _new_atoms(k: Kernel, atoms) -> tuple[Atom, ...]:
+    ext = k.extents
+    have = {canon(a) for a in k.guard}
+    return tuple(a for a in _sort_atoms(atoms) if a not in have and not _implied(a, ext))
+
+
+def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
+                    seeds: dict | None = None) -> list[Kernel]:
+    """The kernels with known-constant regions turned into guards (see the module doc).
+
+    ``shapes`` gives every tensor's shape; ``seeds`` maps tensors that no kernel writes
+    (inputs built triangular, constant mask buffers) to facts over their coordinates
+    ``x0, x1, ...``; facts of the tensors the kernels write are derived here.
+    """
+    facts: dict = dict(seeds or {})
+    writers: dict[str, int] = {}
+    for k in kernels:
+        for o in k.outputs:
+            writers[o] = writers.get(o, 0) + 1
+    out = []
+    for k in kernels:
+        if k.loop is not None or k.scan is not None or k.out2 is not None:
+            out.append(k)
+            continue
+        val = _eval(k.body, facts)
+        if k.reduce is None:
+            k, val = _rewrite_map(k, val)
+            names = _identity_names(k, shapes[k.out])
+            if writers.get(k.out) == 1 and names is not None and k.out not in facts:
+                fact = _fact_of(k, val, names)
+                if fact is not None:
+                    facts[k.out] = fact
+        elif k.reduce in _IDENTITY and isinstance(val, Cond) and _eq(val.f, Known(_IDENTITY[k.reduce])) \
+                and not _eq(val.t, val.f):
+            new = _new_atoms(k, val.atoms)
+            if new:
+                k = k.with_(guard=k.guard + new)
+        out.append(k)
+    return out
+
+
+def _rewrite_map(k: Kernel, val):
+    """A map whose body is constant outside a region: guard it, fill the constant."""
+    if isinstance(val, Cond) and isinstance(val.f, Known) and (not k.guard or _eq(val.f, Known(k.fill))):
+        new = _new_atoms(k, val.atoms)
+        body = Const(val.t.value) if isinstance(val.t, Known) else k.body
+        if new or body != k.body:
+            k = k.with_(guard=k.guard + new, fill=val.f.value, body=body)
+    elif isinstance(val, Known) and not isinstance(k.body, Const) and _data_free_ok(k):
+        k = k.with_(body=Const(val.value))
+    return k, val
+
+
+def _data_free_ok(k: Kernel) -> bool:
+    """A map's body may be replaced by its known value (it reads something)."""
+    return any(isinstance(e, Access) for e in walk(k.body))
+
+
+def _fact_of(k: Kernel, val, names: list[str]):
+    """What is known of the tensor ``k`` writes (identity writer), over coordinates."""
+    if k.guard:
+        atoms = _to_coords(k.guard, names)
+        if atoms is None:
+            return None
+        inside = val if isinstance(val, (Known, Lin)) else UNKNOWN
+        if isinstance(val, Cond) and set(val.atoms) <= set(k.guard):
+            inside = val.t
+        if isinstance(inside, Lin):
+            inside = UNKNOWN
+        return _cond(atoms, inside, Known(k.fill))
+    if isinstance(val, (Known, Lin, Cond)):
+        if isinstance(val, Lin):
+            e = _to_coords((Atom(val.expr, None, None),), names)
+            return Lin(e[0].expr) if e is not None else None
+        if isinstance(val, Cond):
+            atoms = _to_coords(val.atoms, names)
+            return None if atoms is None else Cond(atoms, val.t, val.f)
+        return val
+    return None
+
+
+def seed_from_structure(kind: str, diag: int, rank: int, inside=None):
+    """The fact of a tensor that is ``tril``/``triu`` (of ``inside``, or of data)."""
+    diff = Aff.var(_X.format(rank - 1)) - Aff.var(_X.format(rank - 2))
+    atom = Atom(diff, None, diag + 1) if kind == "tril" else Atom(diff, diag, None)
+    return Cond((atom,), UNKNOWN if inside is None else Known(inside), Known(0))
+
+
+__all__ = ["propagate_known", "seed_from_structure", "Known", "Lin", "Cond", "UNKNOWN"]
