@@ -93,7 +93,39 @@ def _union(fps: list[Footprint], numel: int) -> Footprint:
                      "union of partial footprints taken as their sum (exact if disjoint)")
 
 
-def count_kernel(n: Einsum, tensors) -> KernelCounts:
+# narrower first: the precision a contraction runs at is its narrowest operand's
+_WIDTH = {"f8e4m3": 1, "f8e5m2": 1, "f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+
+
+def program_dtypes(g: Graph) -> dict[str, str]:
+    """The precision of each tensor *in the program*, not in its decomposition.
+
+    A framework operator's decomposition may widen its operands (the CPU
+    decomposition of a bf16 ``scaled_dot_product_attention`` computes in fp32); the
+    library kernel it stands for runs at the precision of the operator's own inputs.
+    A tensor produced inside an operator therefore carries the narrowest float
+    precision of what its kernel reads, through the operator's own intermediates, down
+    to the tensors the operator receives. Constants (no float reads) carry none.
+    """
+    tensors = g.program.tensor_map
+    origin: dict[str, str] = {}
+    for n in g.nodes:
+        k = n.kernel
+        best = None
+        for acc in n.operands:
+            t = acc.tensor
+            inside = any(g.nodes[i].kernel.op == k.op for i in g.producers.get(t, ()))
+            dt = origin.get(t) if inside else tensors[t].dtype
+            if dt in _WIDTH and (best is None or _WIDTH[dt] < _WIDTH[best]):
+                best = dt
+        for o in k.outputs:
+            if best is not None and tensors[o].dtype in _WIDTH:
+                prev = origin.get(o)
+                origin[o] = best if prev is None or _WIDTH[best] < _WIDTH[prev] else prev
+    return origin
+
+
+def count_kernel(n: Einsum, tensors, origin: dict[str, str] | None = None) -> KernelCounts:
     k = n.kernel
     ext = k.count_extents
     points = domain_size(ext, k.guard)
@@ -104,8 +136,11 @@ def count_kernel(n: Einsum, tensors) -> KernelCounts:
     dtype = tensors[k.out].dtype
     if n.kind == "contraction":
         macs = points
-        a = _strip_cast(k.body.args[0])
-        dtype = tensors[a.tensor].dtype
+        # the precision of the program's own operands (narrowest of the two)
+        dts = [(origin or {}).get(x.tensor) or tensors[x.tensor].dtype
+               for x in (_strip_cast(a) for a in k.body.args)]
+        dts = [d for d in dts if d in _WIDTH] or dts
+        dtype = min(dts, key=lambda d: _WIDTH.get(d, 9))
         if k.unit in MATRIX_UNITS:
             matrix_class = k.unit
             flops[MATRIX] += 2 * points
@@ -201,7 +236,8 @@ def _dedupe(fps: list[tuple[tuple, Footprint]]) -> list[Footprint]:
 
 def count_program(g: Graph) -> ProgramCounts:
     tensors = g.program.tensor_map
-    kcs = [count_kernel(n, tensors) for n in g.nodes]
+    origin = program_dtypes(g)
+    kcs = [count_kernel(n, tensors, origin) for n in g.nodes]
     groups = []
     for op, idxs in g.groups.items():
         inside = set(idxs)

@@ -128,18 +128,30 @@ class Bound:
     bandwidth: float
     notes: list[str]
     serial_seconds: float | None = None
+    # physical unit -> seconds (the sum over the pipes that run on it); T_compute is the max
+    unit_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def binding_unit(self) -> str:
+        """The unit with the most work (what bounds compute)."""
+        return max(self.unit_seconds, key=self.unit_seconds.get) if self.unit_seconds else ""
 
 
-def _compute(work: dict[str, float], spec: Spec, notes: list[str]) -> tuple[float, dict, dict]:
+def _compute(work: dict[str, float], spec: Spec, notes: list[str]) -> tuple[float, dict, dict, dict]:
+    """(T_compute, seconds per pipe, peaks used, seconds per physical unit). Pipes on one
+    unit add up; units run concurrently, so T_compute is the max over units."""
     per_pipe: dict[str, float] = {}
     peaks: dict[str, float] = {}
+    per_unit: dict[str, float] = {}
     for pipe, n in sorted(work.items()):
         used, peak, note = resolve_peak(spec, pipe)
         if note and note not in notes:
             notes.append(note)
         per_pipe[used] = per_pipe.get(used, 0.0) + n / peak
         peaks[used] = peak
-    return (max(per_pipe.values()) if per_pipe else 0.0), per_pipe, peaks
+        unit = spec.unit_of(used)
+        per_unit[unit] = per_unit.get(unit, 0.0) + n / peak
+    return (max(per_unit.values()) if per_unit else 0.0), per_pipe, peaks, per_unit
 
 
 def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy) -> list[Bound]:
@@ -148,7 +160,7 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy) -> list[Bound]
         for p, n in kernel_pipe_work(k, policy).items():
             work[p] = work.get(p, 0.0) + n
     notes: list[str] = []
-    t_c, per_pipe, peaks = _compute(work, spec, notes)
+    t_c, per_pipe, peaks, per_unit = _compute(work, spec, notes)
     total_flops = sum(pc.flops.values())
     out = []
     for mode, traffic in (("unfused", pc.unfused), ("fused", pc.fused)):
@@ -166,7 +178,7 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy) -> list[Bound]
         out.append(Bound(spec.id, mode, t, t_c, t_m, "compute" if t_c >= t_m else "memory",
                          traffic.bytes, total_flops,
                          total_flops / traffic.bytes if traffic.bytes else float("inf"),
-                         per_pipe, peaks, spec.bandwidth, list(notes), serial))
+                         per_pipe, peaks, spec.bandwidth, list(notes), serial, per_unit))
     return out
 
 

@@ -34,9 +34,33 @@ class Spec:
     onchip: dict[str, float]               # level -> bytes
     entries: dict[str, dict] = field(repr=False, default_factory=dict)  # key -> {value, source, ...}
     path: str = ""
+    units: dict[str, str] = field(default_factory=dict)   # pipe -> physical unit (overrides)
 
     def peak(self, pipe: str) -> float | None:
         return self.peaks.get(pipe)
+
+    def unit_of(self, pipe: str) -> str:
+        """The physical unit a pipe's work runs on: work on one unit adds up in time
+        (TF32 and bf16 matmuls share the tensor cores; fp32 and bf16 elementwise work
+        shares the vector cores), different units run concurrently.
+
+        Default (NVIDIA): ``tensor_*`` on the tensor cores, ``vector_fp64`` on the
+        dedicated FP64 units, ``sfu`` on the special-function units, other ``vector_*``
+        on the vector (CUDA) cores. A spec's ``[units]`` table overrides a pipe (on
+        AMD CDNA, FP64 and transcendental instructions issue on the vector ALUs).
+
+        >>> load_spec("h100-sxm").unit_of("tensor_tf32"), load_spec("h100-sxm").unit_of("vector_bf16")
+        ('tensor', 'vector')
+        >>> load_spec("mi300x").unit_of("sfu")
+        'vector'
+        """
+        if pipe in self.units:
+            return self.units[pipe]
+        if pipe.startswith("tensor_"):
+            return "tensor"
+        if pipe in ("sfu", "vector_fp64"):
+            return {"sfu": "sfu", "vector_fp64": "fp64"}[pipe]
+        return "vector"
 
     def source(self, key: str) -> str:
         return self.entries.get(key, {}).get("source", "")
@@ -52,6 +76,12 @@ def _parse(data: dict, path: str) -> Spec:
             if not (isinstance(val, dict) and "value" in val and "source" in val):
                 raise ValueError(f"{path}: {section}.{key} needs value and source")
             entries[key if section == "peaks" else f"{section}.{key}"] = val
+    units = {}
+    for pipe, val in data.get("units", {}).items():
+        if not (isinstance(val, dict) and isinstance(val.get("value"), str) and "source" in val):
+            raise ValueError(f"{path}: units.{pipe} needs a unit name (value) and a source")
+        units[pipe] = val["value"]
+        entries[f"units.{pipe}"] = val
     bw = data.get("dram", {}).get("bandwidth")
     if bw is None:
         raise ValueError(f"{path}: dram.bandwidth is required")
@@ -60,7 +90,7 @@ def _parse(data: dict, path: str) -> Spec:
         bandwidth=float(bw["value"]),
         peaks={k: float(v["value"]) for k, v in data.get("peaks", {}).items()},
         onchip={k: float(v["value"]) for k, v in data.get("onchip", {}).items()},
-        entries=entries, path=path)
+        entries=entries, path=path, units=units)
 
 
 def spec_from_file(path: str) -> Spec:

@@ -59,16 +59,16 @@ def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None]
 
 
 def _identity_writer(k: Kernel) -> list[str | None] | None:
-    """One loop variable per coordinate (``None`` where the coordinate is written at 0:
-    a size-1 dimension whose loop was folded away)."""
+    """One loop variable per coordinate, or ``None`` for a coordinate that is not
+    restricted: written at a constant (a size-1 dimension whose loop was folded away)
+    or by variables no other coordinate uses (a batch fold ``d0h*3 + d0l``)."""
     names = []
-    for a in k.out_index:
-        if a.is_const and a.const == 0:
-            names.append(None)
-            continue
+    for pos, a in enumerate(k.out_index):
         v = a.single_var()
         if v is None:
-            return None
+            others = {w for q, b in enumerate(k.out_index) if q != pos for w in b.vars}
+            if set(a.vars) & others:
+                return None
         names.append(v)
     used = [v for v in names if v is not None]
     return names if used and len(set(used)) == len(used) else None

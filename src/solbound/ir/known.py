@@ -316,16 +316,29 @@ def _identity_names(k: Kernel, shape) -> list[str | None] | None:
     if len(k.out_index) != len(shape):
         return None
     names = []
+    ext = k.extents
     for a, n in zip(k.out_index, shape):
-        if a.is_const and a.const == 0 and n == 1:
-            names.append(None)
-            continue
         v = a.single_var()
-        if v is None or k.extents.get(v) != n:
+        if v is not None and ext.get(v) == n:
+            names.append(v)
+        elif _covers(a, ext, n):
+            names.append(None)
+        else:
             return None
-        names.append(v)
-    used = [v for v in names if v is not None]
+    used = [w for a in k.out_index for w in a.vars]
     return names if len(set(used)) == len(used) else None
+
+
+def _covers(a: Aff, ext: dict[str, int], n: int) -> bool:
+    """``a`` enumerates ``0..n-1`` exactly once (mixed radix: ``d0h*3 + d0l``)."""
+    if a.const != 0 or any(c <= 0 for _, c in a.terms):
+        return False
+    stride = 1
+    for v, c in sorted(a.terms, key=lambda t: t[1]):
+        if c != stride:
+            return False
+        stride *= ext[v]
+    return stride == n
 
 
 def _implied(atom: Atom, ext: dict[str, int]) -> bool:

@@ -72,6 +72,7 @@ class Report:
                 "compute_seconds": b.compute_seconds, "memory_seconds": b.memory_seconds,
                 "bound": b.bound, "bytes": b.bytes, "flops": b.flops,
                 "intensity": _num(b.intensity), "pipe_seconds": b.pipe_seconds,
+                "unit_seconds": b.unit_seconds, "binding_unit": b.binding_unit,
                 "peaks": b.peaks, "bandwidth": b.bandwidth, "notes": b.notes,
                 **({"serial_seconds": b.serial_seconds} if b.serial_seconds is not None else {}),
             } for b in self.bounds],
@@ -153,8 +154,10 @@ class Report:
         for col in ("arch", "mode", "time", "compute", "memory", "bound", "FLOP/B"):
             t.add_column(col, justify="right" if col not in ("arch", "mode", "bound") else "left")
         for b in self.bounds:
+            bound = f"compute ({b.binding_unit})" if b.bound == "compute" and b.binding_unit \
+                else b.bound
             t.add_row(b.arch, b.mode, _t(b.seconds), _t(b.compute_seconds), _t(b.memory_seconds),
-                      b.bound, f"{b.intensity:.3g}" if math.isfinite(b.intensity) else "-")
+                      bound, f"{b.intensity:.3g}" if math.isfinite(b.intensity) else "-")
         console.print(t)
         if self.specs:
             spec = self.specs[0]
@@ -175,7 +178,7 @@ class Report:
                           f"NOT counted:[/red]")
             for u in self.unsupported:
                 console.print(f"  [red]{u.operator}[/red] at {u.source or '?'}: {u.reason}")
-        notes = [n for b in self.bounds for n in b.notes]
+        notes = list(self.program.notes) + [n for b in self.bounds for n in b.notes]
         for n in dict.fromkeys(notes):
             console.print(f"[yellow]note[/yellow]: {n}")
         if self.validation:

@@ -506,6 +506,7 @@ class Lowering:
         kernels = propagate_known(kernels, {t.name: t.shape for t in program.tensors}, seeds)
         program = _prune(Program(program.tensors, tuple(kernels), program.notes))
         kernels = list(program.kernels)
+        self._runtime_mask_notes(program)
         whole = kernels
         kernels = restrict_to_demand(kernels, {t.name for t in program.by_role("intermediate")})
         # tensors now computed only where read: their other elements hold fill values
@@ -538,6 +539,19 @@ class Lowering:
                               f"(get_inputs builds it with torch.{kind}, diagonal {diag}): "
                               f"products that read it skip its zero triangle")
         return support
+
+    def _runtime_mask_notes(self, program: Program) -> None:
+        """Name the inputs that may mask work but whose values only the run knows."""
+        contraction_operands = {a.tensor for k in program.kernels if k.unit
+                                for a in accesses(k.body)}
+        for t in program.by_role("input"):
+            in_attention = any("attention" in k.opname and t.name not in contraction_operands
+                               and any(a.tensor == t.name for a in accesses(k.body))
+                               for k in program.kernels)
+            if t.dtype == "bool" or in_attention:
+                self.notes.append(f"input {t.name} is known only at run time: work it may mask "
+                                  f"is counted dense (a mask built from indices in forward, "
+                                  f"is_causal, or a constant buffer would be skipped)")
 
     def _state_seeds(self, state: list[dict], program: Program) -> dict:
         """Facts of constant buffers built triangular (a causal mask made in ``__init__``)."""
