@@ -257,3 +257,17 @@ def test_cumsum_is_a_scan():
     rep = run(lambda s, x: torch.cumsum(x, 1), r(3, 50))
     # n ops per row, not a triangular product
     assert totals(rep)[2] == 150
+
+
+# --- one definition of a MAC -------------------------------------------------------
+
+def test_a_mac_is_a_multiply_add_of_a_sum_of_products_however_written():
+    # 4*8*3 = 96 squares summed: 96 MACs whether the product and the sum are one
+    # kernel (x*x summed, norm) or an elementwise square summed by the next kernel
+    x = r(4, 8, 3)
+    forms = [lambda s, x: (x * x).sum(), lambda s, x: x.pow(2).sum(),
+             lambda s, x: torch.norm(x, p="fro"), lambda s, x: (x ** 2).mean(dim=1),
+             lambda s, x: torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)]
+    assert [totals(run(f, x))[0] for f in forms] == [96] * 5
+    # a sum of one factor has no product: no MAC
+    assert totals(run(lambda s, x: x.exp().sum(), x))[0] == 0

@@ -125,6 +125,29 @@ def program_dtypes(g: Graph) -> dict[str, str]:
     return origin
 
 
+def _is_product(e) -> bool:
+    e = _strip_cast(e)
+    return (isinstance(e, Call) and e.op == "mul"
+            and all(isinstance(_strip_cast(a), (Access, Call)) for a in e.args))
+
+
+def _sums_of_products(g: Graph, kcs: list[KernelCounts]) -> None:
+    """One definition of a MAC: every multiply-add of a sum of products, whether the
+    product and the sum are one kernel (``sum(x * x)``) or an elementwise product summed
+    by the next kernel (``(x ** 2).mean()``, ``x ** 2`` being ``x * x``). The sum's points
+    are then MACs (its adds were already counted as FLOPs: a MAC is 2 FLOPs either way)."""
+    for i, n in enumerate(g.nodes):
+        k = n.kernel
+        if n.kind != "reduction" or k.reduce != "sum" or kcs[i].macs:
+            continue
+        body = _strip_cast(k.body)
+        if not isinstance(body, Access) or body.indirect:
+            continue
+        prod = g.producers.get(body.tensor, [])
+        if len(prod) == 1 and g.nodes[prod[0]].kind == "map" and _is_product(g.nodes[prod[0]].kernel.body):
+            kcs[i].macs = kcs[i].points
+
+
 def count_kernel(n: Einsum, tensors, origin: dict[str, str] | None = None) -> KernelCounts:
     k = n.kernel
     ext = k.count_extents
@@ -238,6 +261,7 @@ def count_program(g: Graph) -> ProgramCounts:
     tensors = g.program.tensor_map
     origin = program_dtypes(g)
     kcs = [count_kernel(n, tensors, origin) for n in g.nodes]
+    _sums_of_products(g, kcs)
     groups = []
     for op, idxs in g.groups.items():
         inside = set(idxs)
