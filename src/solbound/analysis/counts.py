@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ..graph.einsum import MATRIX_UNITS, Einsum, Graph, _strip_cast
 from ..ir.model import (EXTERNAL_ROLES, MATRIX, SCALAR_OPS, SFU_OPS, SPECIAL, VECTOR, Access,
                         Call, Kernel, walk)
+from ..ir.affine import Atom
 from .footprint import Footprint, access_footprint, domain_size
 
 
@@ -257,6 +258,38 @@ def _dedupe(fps: list[tuple[tuple, Footprint]]) -> list[Footprint]:
     return list(seen.values())
 
 
+def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
+    """With an infinite on-chip buffer, what the program wrote into DRAM state (a new
+    KV-cache row) and then reads back (attention over the cache, new row included) is
+    read from chip, not DRAM: subtract the part of each read inside earlier writes'
+    regions (boxes: a slice write's region is one)."""
+    tensors = g.program.tensor_map
+    for t in sorted(updated):
+        boxes: list[tuple[int, tuple]] = []       # (writer position, box atoms over x_d)
+        seen: set = set()
+        saved = 0
+        for pos, n in enumerate(g.nodes):
+            k = n.kernel
+            ext = k.count_extents
+            for acc in n.operands:
+                if acc.tensor != t or acc.indirect or not boxes:
+                    continue
+                key = _access_key(acc, ext, k.guard)
+                if key in seen:
+                    continue
+                seen.add(key)
+                shape = tensors[t].shape
+                for _, box in boxes:
+                    atoms = tuple(Atom(e, lo, hi + 1) for e, (lo, hi) in zip(acc.index, box))
+                    saved += access_footprint(acc, shape, ext, k.guard + atoms).elements
+            if t in k.outputs and k.out == t:
+                boxes.append((pos, tuple(e.bounds(ext) for e in k.out_index)))
+        if saved:
+            b = min(saved * tensors[t].itemsize, fused.reads.get(t, 0))
+            fused.reads[t] = fused.reads.get(t, 0) - b
+            fused.bytes -= b
+
+
 def count_program(g: Graph) -> ProgramCounts:
     tensors = g.program.tensor_map
     origin = program_dtypes(g)
@@ -280,8 +313,12 @@ def count_program(g: Graph) -> ProgramCounts:
         groups.append(GroupCounts(op, first.opname, first.src, idxs,
                                   sum(kcs[i].macs for i in idxs), flops, tr))
     all_idx = list(range(len(kcs)))
+    # DRAM state updated in place (a KV-cache buffer): its written region is traffic
+    updated = {o for n in g.nodes for o in n.kernel.outputs if tensors[o].role in EXTERNAL_ROLES}
     fused = _traffic(kcs, all_idx, tensors, lambda t: tensors[t].role in EXTERNAL_ROLES,
-                     lambda t: tensors[t].role == "output")
+                     lambda t: tensors[t].role == "output" or t in updated)
+    if updated:
+        _reads_after_writes(g, fused, updated)
     unfused = Traffic(sum(gc.traffic.bytes for gc in groups), {}, {},
                       all(gc.traffic.exact for gc in groups),
                       [n for gc in groups for n in gc.traffic.notes])

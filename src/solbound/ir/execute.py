@@ -399,6 +399,7 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
     """Run every kernel; returns all tensors (inputs included) by name."""
     decls = p.tensor_map
     arrays: dict[str, np.ndarray] = {}
+    written = {o for k in p.kernels for o in k.outputs}
     for t in p.tensors:
         if t.role in ("input", "parameter", "buffer", "constant"):
             if t.name not in inputs:
@@ -408,7 +409,8 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
                 a = np.ascontiguousarray(a).reshape(-1)   # a base addressed as flat storage
             if tuple(a.shape) != t.shape:
                 raise ExecutionError(f"{t.name}: expected shape {t.shape}, got {a.shape}")
-            arrays[t.name] = np.ascontiguousarray(a.astype(np_dtype(t.dtype, wide), copy=False))
+            a = a.astype(np_dtype(t.dtype, wide), copy=t.name in written)  # updated in place
+            arrays[t.name] = np.ascontiguousarray(a)
         else:
             arrays[t.name] = np.zeros(t.shape, dtype=np_dtype(t.dtype, wide))
     def run_one(k: Kernel, shown: Kernel) -> None:

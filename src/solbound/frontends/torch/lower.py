@@ -721,6 +721,9 @@ def _flatten(p: Program, names: set[str]) -> Program:
 def _prune(p: Program) -> Program:
     """Drop kernels whose outputs nobody reads (dead code after decomposition)."""
     live = {t.name for t in p.tensors if t.role == "output"}
+    # a kernel that updates DRAM state in place (a KV-cache write into a buffer) is live
+    external = {t.name for t in p.tensors if t.role in ("input", "parameter", "buffer", "constant")}
+    live |= {o for k in p.kernels for o in k.outputs if o in external}
     # a sequential loop's body reads, in the next iteration, what later kernels of the
     # body write: liveness over it runs to a fixed point
     kept: set[int] = set()
