@@ -223,6 +223,28 @@ case("sdpa-causal", lambda s, q, k, v: F.scaled_dot_product_attention(q, k, v, i
 case("mha", lambda s, x: s.m(x, x, x)[0], [((2, 5, 6),), ((1, 7, 6),)],
      {"m": nn.MultiheadAttention(6, 2, batch_first=True)})
 
+
+
+class _Cache(nn.Module):
+    """A KV-cache write (slice assignment into a buffer), then a read of the cache."""
+
+    def __init__(self, n=9, pos=4):
+        super().__init__()
+        self.pos = pos
+        self.register_buffer("cache", torch.randn(2, n, 5))
+
+    def forward(self, x):
+        self.cache[:, self.pos:self.pos + x.shape[1]] = x
+        return self.cache[:, :self.pos + x.shape[1]].sum(1)
+
+
+case("slice_scatter-in-place", None, [((2, 1, 5),), ((2, 3, 5),)], {"module": _Cache})
+# the old value is read afterwards: a fresh tensor, copied and overwritten
+case("slice_scatter-functional", lambda s, x, y: torch.slice_scatter(x, y, 1, 1, 3) + x,
+     [((3, 5), (3, 2)), ((2, 4, 3), (2, 2, 3))])
+case("slice_scatter-step", lambda s, x, y: torch.slice_scatter(x * 1, y, 0, 1, None, 2),
+     [((5, 3), (2, 3)), ((7, 2), (3, 2))])
+
 # recurrent layers: a loop over time steps, never unrolled
 class _RNN(nn.Module):
     def __init__(self, cls, **kw):

@@ -27,6 +27,7 @@ from ...ir.affine import Aff, Atom, Guard
 from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl, accesses,
                          loop_segments, subst_expr)
 from ...ir.demand import restrict_to_demand, restrict_to_support
+from ...ir.fold import fold
 from ...ir.known import propagate_known, seed_from_structure
 from ...ir.text import RESERVED
 
@@ -503,6 +504,7 @@ class Lowering:
         # masks built from indices (and constant triangular buffers) become guards
         seeds = {name: _support_fact(atoms) for name, atoms in support.items()}
         seeds.update(self._state_seeds(state, program))
+        seeds.update(fold(Program(program.tensors, tuple(kernels), program.notes)))
         kernels = propagate_known(kernels, {t.name: t.shape for t in program.tensors}, seeds)
         program = _prune(Program(program.tensors, tuple(kernels), program.notes))
         kernels = list(program.kernels)

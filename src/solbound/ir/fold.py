@@ -1,0 +1,148 @@
+"""Fold data-free tensors: masks and positions a program computes from indices alone.
+
+Real models build attention masks through whole chains of index arithmetic:
+transformers computes ``position_ids = arange(s)``, gathers it per query and key,
+compares ``kv <= q``, detects packed sequences with ``cumsum(diff(pos) != 1)`` and ANDs
+the results. Whatever the idiom, such a tensor depends on no input, parameter or
+buffer, so its value is known before the program runs. This pass runs the data-free
+part of the program on the executor (bounded in size) and describes each such tensor
+as a fact for ``ir/known.py``:
+
+* one value everywhere: :class:`~solbound.ir.known.Known`;
+* an integer affine function of its coordinates (``arange``): :class:`~solbound.ir.known.Lin`;
+* two values, split by a conjunction of affine atoms over its coordinates (one per
+  coordinate range and one per coordinate difference ``x_q - x_p``: causal, sliding
+  windows, bands, prefixes): :class:`~solbound.ir.known.Cond`;
+
+found from the concrete values and verified on every element. A data-free tensor that is
+none of these (a block-diagonal document mask) gets no fact and stays dense.
+
+>>> import numpy as np
+>>> i, j = np.indices((5, 5))
+>>> f = describe((j <= i) & (j > i - 2))
+>>> [str(a) for a in f.atoms], f.t, f.f
+(['-x0 + x1 < 1', '-1 <= -x0 + x1'], Known(value=True), Known(value=False))
+>>> describe(np.arange(6).reshape(2, 3) * 2 + 1)
+Lin(expr=Aff(terms=(('x0', 6), ('x1', 2)), const=1))
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .affine import Aff, Atom
+from .execute import ExecutionError, execute
+from .known import Cond, Known, Lin, canon
+from .model import EXTERNAL_ROLES, Call, Program, accesses, walk
+
+# the largest data-free tensor folded (elements); larger ones stay data
+FOLD_LIMIT = 1 << 24
+
+
+def data_free(p: Program, limit: int = FOLD_LIMIT) -> list[str]:
+    """Tensors every writer of which reads only data-free tensors (no inputs, parameters,
+    buffers or constants, no random draws, not in a sequential loop), in order."""
+    decls = p.tensor_map
+    free: dict[str, bool] = {}
+    for k in p.kernels:
+        reads = {a.tensor for a in accesses(k.body)}
+        ok = (k.loop is None and all(free.get(t, False) for t in reads)
+              and not any(isinstance(e, Call) and e.op == "rand" for e in walk(k.body))
+              and all(decls[o].role not in EXTERNAL_ROLES and decls[o].numel <= limit
+                      for o in k.outputs))
+        for o in k.outputs:
+            free[o] = ok and free.get(o, True)
+    return [t for t, ok in free.items() if ok]
+
+
+def fold(p: Program, limit: int = FOLD_LIMIT) -> dict[str, object]:
+    """Facts (over coordinates ``x0, x1, ...``) of the program's data-free tensors."""
+    names = data_free(p, limit)
+    if not names:
+        return {}
+    keep = set(names)
+    kernels = tuple(k for k in p.kernels if set(k.outputs) <= keep)
+    sub = Program(tuple(t for t in p.tensors if t.name in keep), kernels)
+    try:
+        arrays = execute(sub, {})
+    except ExecutionError:
+        return {}
+    facts = {}
+    for t in names:
+        f = describe(arrays[t])
+        if f is not None:
+            facts[t] = f
+    return facts
+
+
+def _py(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def describe(a: np.ndarray):
+    """The fact that describes array ``a`` exactly, or ``None``."""
+    a = np.asarray(a)
+    if a.size == 0:
+        return None
+    flat = a.reshape(-1)
+    first = flat[0]
+    if np.all(flat == first) and not (np.issubdtype(a.dtype, np.floating) and np.isnan(first)):
+        return Known(_py(first))
+    if np.issubdtype(a.dtype, np.integer):
+        lin = _affine(a)
+        if lin is not None:
+            return lin
+    values = np.unique(flat)
+    if len(values) != 2 or (np.issubdtype(a.dtype, np.floating) and np.isnan(values).any()):
+        return None
+    # the "kept" value inside first: True or 1, else the finite one (a 0 / -inf bias)
+    order = sorted(values.tolist(), key=lambda v: 0 if v == 1 else 1 if np.isfinite(v) else 2)
+    for inside in order:
+        other = values[values != inside][0]
+        atoms = _atoms(a == inside)
+        if atoms is not None:
+            return Cond(atoms, Known(_py(np.asarray(inside))), Known(_py(other)))
+    return None
+
+
+def _affine(a: np.ndarray) -> Lin | None:
+    idx = [0] * a.ndim
+    c0 = int(a[tuple(idx)])
+    expr = Aff.lit(c0)
+    for d, n in enumerate(a.shape):
+        if n > 1:
+            step = [0] * a.ndim
+            step[d] = 1
+            expr = expr + Aff.var(f"x{d}") * (int(a[tuple(step)]) - c0)
+    grid = np.indices(a.shape)
+    if np.array_equal(expr.evaluate({f"x{d}": grid[d] for d in range(a.ndim)}), a):
+        return Lin(expr)
+    return None
+
+
+def _atoms(mask: np.ndarray) -> tuple[Atom, ...] | None:
+    """A conjunction of coordinate-range and coordinate-difference atoms equal to ``mask``."""
+    if not mask.any():
+        return None
+    grid = np.indices(mask.shape)
+    env = {f"x{d}": grid[d] for d in range(mask.ndim)}
+    dims = [d for d, n in enumerate(mask.shape) if n > 1]
+    exprs = [Aff.var(f"x{d}") for d in dims]
+    exprs += [Aff.var(f"x{q}") - Aff.var(f"x{p}") for p, q in itertools.combinations(dims, 2)]
+    ext = {f"x{d}": n for d, n in enumerate(mask.shape)}
+    atoms = []
+    for e in exprs:
+        vals = e.evaluate(env)[mask]
+        lo, hi = int(vals.min()), int(vals.max())
+        blo, bhi = e.bounds(ext)
+        if lo > blo or hi < bhi:
+            atoms.append(canon(Atom(e, lo if lo > blo else None, hi + 1 if hi < bhi else None)))
+    got = np.ones(mask.shape, dtype=bool)
+    for at in atoms:
+        got &= np.broadcast_to(at.holds(env), mask.shape)
+    return tuple(atoms) if np.array_equal(got, mask) else None
+
+
+__all__ = ["fold", "describe", "data_free", "FOLD_LIMIT"]
