@@ -36,16 +36,45 @@ from .model import Access, Kernel, accesses
 _X = "x{}"      # tensor-coordinate variables of a region
 
 
+def _var_ranges(k: Kernel) -> dict[str, tuple[int, int]]:
+    """Inclusive range of each loop variable: its extent, narrowed by the guard's
+    one-variable atoms (a kernel already confined to a demanded region reads only that
+    region's operands, so demand propagates through chains of producers)."""
+    rng = {v: (0, n - 1) for v, n in k.count_extents.items()}
+    for a in k.guard:
+        if len(a.expr.terms) != 1:
+            continue
+        v, c = a.expr.terms[0]
+        lo, hi = rng[v]
+        if a.lo is not None:       # c*v + const >= lo
+            t = a.lo - a.expr.const
+            lo, hi = (max(lo, -(-t // c)), hi) if c > 0 else (lo, min(hi, t // c))
+        if a.hi is not None:       # c*v + const <= hi - 1
+            t = a.hi - 1 - a.expr.const
+            lo, hi = (lo, min(hi, t // c)) if c > 0 else (max(lo, -(-t // c)), hi)
+        rng[v] = (lo, hi)
+    return rng
+
+
+def _bounds(e: Aff, rng: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    lo = hi = e.const
+    for v, c in e.terms:
+        a, b = rng[v]
+        lo += min(c * a, c * b)
+        hi += max(c * a, c * b)
+    return lo, hi
+
+
 def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None], set[Atom]]:
     """(box per coordinate, atoms over x0, x1, ...) containing what ``acc`` reads."""
-    ext = k.count_extents
+    rng = _var_ranges(k)
     box: list[tuple[int, int] | None] = []
     owner: dict[str, Aff] = {}          # loop variable -> its value in tensor coordinates
     for pos, e in enumerate(acc.index):
         if isinstance(e, Access):
             box.append(None)
             continue
-        lo, hi = e.bounds(ext)
+        lo, hi = _bounds(e, rng)
         box.append((lo, hi))
         v = e.terms[0][0] if len(e.terms) == 1 and e.terms[0][1] == 1 else None
         if v is not None and sum(1 for f in acc.index if isinstance(f, Aff) and v in f.vars) == 1:

@@ -139,10 +139,19 @@ def _atoms(mask: np.ndarray) -> tuple[Atom, ...] | None:
         blo, bhi = e.bounds(ext)
         if lo > blo or hi < bhi:
             atoms.append(canon(Atom(e, lo if lo > blo else None, hi + 1 if hi < bhi else None)))
-    got = np.ones(mask.shape, dtype=bool)
-    for at in atoms:
-        got &= np.broadcast_to(at.holds(env), mask.shape)
-    return tuple(atoms) if np.array_equal(got, mask) else None
+    def conj(ats):
+        got = np.ones(mask.shape, dtype=bool)
+        for at in ats:
+            got &= np.broadcast_to(at.holds(env), mask.shape)
+        return got
+    if not np.array_equal(conj(atoms), mask):
+        return None
+    # drop atoms the others imply (row/column bounds of a triangle), last first
+    for at in reversed(list(atoms)):
+        rest = [b for b in atoms if b is not at]
+        if np.array_equal(conj(rest), mask):
+            atoms = rest
+    return tuple(atoms)
 
 
 __all__ = ["fold", "describe", "data_free", "FOLD_LIMIT"]

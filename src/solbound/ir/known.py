@@ -122,6 +122,12 @@ def _cond(atoms, t, f):
         return t
     if t is UNKNOWN and f is UNKNOWN:
         return UNKNOWN
+    if f is UNKNOWN and len(live) == 1 and (live[0].lo is None) != (live[0].hi is None):
+        # only "outside a region, a constant" is useful: the complement of a one-sided
+        # atom is one atom, so state it that way round
+        a = live[0]
+        flipped = Atom(a.expr, a.hi, None) if a.lo is None else Atom(a.expr, None, a.lo)
+        return Cond(_sort_atoms([flipped]), f, t)
     return Cond(_sort_atoms(live), t, f)
 
 
