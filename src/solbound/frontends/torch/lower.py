@@ -651,6 +651,9 @@ class Lowering:
             v = self.env.get(arg) if isinstance(arg, torch.fx.Node) else arg
             entry = {"kind": {"USER_OUTPUT": "output", "BUFFER_MUTATION": "buffer_mutation"}
                      .get(kind, kind.lower()), "target": spec.target}
+            if isinstance(v, View) and kind == "USER_OUTPUT" and not v.is_full \
+                    and self.tensors[v.base].role == "intermediate":
+                v = self._output_copy(v, arg)
             if isinstance(v, View):
                 decl = self.tensors[v.base]
                 if decl.role == "intermediate":
@@ -661,6 +664,27 @@ class Lowering:
                 entry.update(ir=None, value=v if isinstance(v, (int, float, bool)) else None)
             res.append(entry)
         return res
+
+
+    def _output_copy(self, v: View, node) -> View:
+        """A program output that is a view of part of a tensor (``x[:, 0]``): the part is
+        copied into an output of its own, in the producing operator's group, so that the
+        rest of the tensor stays an intermediate the demand pass can leave uncomputed."""
+        writers = [k for k in self.kernels if k.out == v.base]
+        if not writers:
+            return v
+        w = writers[-1]
+        self._cur_group = (w.op, w.opname, w.src)
+        out = self.new_base(f"{node.name}_out", v.shape, v.dtype)
+        dims = [(f"d{i}", n) for i, n in enumerate(v.shape)]
+        kb = KernelBuilder(self, dims)
+        idx = [Aff.var(f"d{i}") for i in range(len(v.shape))]
+        body = kb.load(v, idx)
+        target = kb.load(out, idx)
+        self.kernels.append(kb.finish(self.kernel_name(node.name + "_out"), target.tensor,
+                                      list(target.index), body).with_(op=w.op, opname=w.opname,
+                                                                      src=w.src))
+        return out
 
 
 def _flat_views(v) -> list[View]:
