@@ -238,6 +238,8 @@ class _Cache(nn.Module):
         return self.cache[:, :self.pos + x.shape[1]].sum(1)
 
 
+case("repeat", lambda s, x: x.repeat(2, 1, 3) * 1 + x.repeat(1, 1, 1).sum(),
+     [((3, 5),), ((1, 4, 2),)])
 case("slice_scatter-in-place", None, [((2, 1, 5),), ((2, 3, 5),)], {"module": _Cache})
 # the old value is read afterwards: a fresh tensor, copied and overwritten
 case("slice_scatter-functional", lambda s, x, y: torch.slice_scatter(x, y, 1, 1, 3) + x,

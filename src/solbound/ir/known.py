@@ -20,10 +20,13 @@ score product ``q @ k^T``) to what those guards read.
 Values are evaluated abstractly, per kernel, over a small domain: a known constant
 (:class:`Known`), an integer affine function of the loop variables (:class:`Lin`,
 ``arange``), a conditional ``Cond(atoms, t, f)`` (``t`` where every affine atom holds,
-``f`` elsewhere) or unknown data (``UNKNOWN``). Data read from tensors is assumed
-finite, and a division ``0 / x`` by data is assumed to be ``0`` (the denominator of a
-softmax is at least 1). Every rewrite preserves the program's values under these
-assumptions, so validation still compares the rewritten IR with the framework.
+``f`` elsewhere) or unknown data (``UNKNOWN``). Assumptions: data read from tensors is
+finite; a division ``0 / x`` by data is ``0`` (the denominator of a softmax is at least
+1); a finite additive mask constant (at most ``MASK_LIMIT``, e.g. ``finfo.min``) swamps
+the score it is added to, so ``exp`` of the sum is exactly 0 and it does not change a
+row's max as long as the row keeps one unmasked element. Every rewrite preserves the
+program's values under these assumptions, and validation compares the rewritten IR with
+the framework.
 
 Facts are derived only for tensors written by one kernel with an identity index (one
 loop variable per coordinate over the whole tensor), outside sequential loops; a
@@ -136,6 +139,19 @@ def _cond(atoms, t, f):
 
 _IDENTITY = {"sum": 0, "prod": 1, "max": -math.inf, "min": math.inf, "any": False,
              "all": True}
+# a finite additive mask constant (torch.finfo(dtype).min, the -10000.0 of older models):
+# added to a score it stays below every unmasked score and exp() of it is exactly 0
+MASK_LIMIT = -1e4
+
+
+def _mask_value(v) -> bool:
+    return isinstance(v, Known) and isinstance(v.value, float) and v.value <= MASK_LIMIT
+
+
+def _is_identity(reduce: str, v) -> bool:
+    """``v`` contributes nothing to the reduction (a masked score contributes nothing to
+    a row max that has an unmasked element)."""
+    return _eq(v, Known(_IDENTITY[reduce])) or (reduce == "max" and _mask_value(v))
 
 
 def _is(v, x) -> bool:
@@ -210,6 +226,8 @@ def _apply(op: str, args: list):
                 if op == "add" or v is a:
                     return Known(v.value)
                 return Known(-v.value)
+            if _mask_value(v) and (op == "add" or v is a):
+                return v            # a finite mask constant swamps the data it is added to
     if op == "div" and _is(args[0], 0):
         return Known(0.0)
     if op == "and" and any(_is(a, False) for a in args):
@@ -384,7 +402,7 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
                 fact = _fact_of(k, val, names)
                 if fact is not None:
                     facts[k.out] = fact
-        elif k.reduce in _IDENTITY and isinstance(val, Cond) and _eq(val.f, Known(_IDENTITY[k.reduce])) \
+        elif k.reduce in _IDENTITY and isinstance(val, Cond) and _is_identity(k.reduce, val.f) \
                 and not _eq(val.t, val.f):
             new = _new_atoms(k, val.atoms)
             if new:

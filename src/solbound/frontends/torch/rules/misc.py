@@ -237,3 +237,29 @@ def random(ctx: OpCtx) -> None:
     ctx.emit(kb, out, dims_vars(out.ndim), Call(f"to_{ctx.out_dtype}", (Call("rand", ()),)))
     ctx.low.random_draws[out.base] = (ctx.node.name, None)
     ctx.bind(out)
+
+
+@rule("aten.repeat")
+def repeat(ctx: OpCtx) -> None:
+    """``x.repeat(r0, r1, ...)``: a copy whose output dim of size ``r*s`` is split into
+    (tile, position) loops, ``out[t*s + j] = x[j]``: affine, no modulo."""
+    x, reps = ctx.args[0], [int(r) for r in ctx.args[1]]
+    out = ctx.output()
+    lead = len(reps) - x.ndim
+    dims, out_idx, x_idx = [], [], []
+    for i, r in enumerate(reps):
+        if i < lead:
+            dims.append((f"d{i}", r))
+            out_idx.append(Aff.var(f"d{i}"))
+            continue
+        s = x.shape[i - lead]
+        if r == 1:
+            dims.append((f"d{i}", s))
+            out_idx.append(Aff.var(f"d{i}"))
+        else:
+            dims += [(f"t{i}", r), (f"d{i}", s)]
+            out_idx.append(Aff.var(f"t{i}") * s + Aff.var(f"d{i}"))
+        x_idx.append(Aff.var(f"d{i}"))
+    kb = KernelBuilder(ctx.low, dims)
+    ctx.emit(kb, out, out_idx, kb.load(x, x_idx))
+    ctx.bind(out)

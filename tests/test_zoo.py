@@ -1,0 +1,167 @@
+"""A transformer zoo built from transformers configs (random weights, no downloads).
+
+Each model is tiny (2 layers, width 64, 4 heads of 16) and its MACs are derived here in
+closed form: projections, attention pairs under its mask, norms (a norm's sum of squares
+is a sum of products: T*width MACs per norm), heads. Every model must analyze with an
+empty ``unsupported`` list and validate against transformers' own forward.
+"""
+
+import pytest
+import torch
+
+import solbound
+
+T = pytest.importorskip("transformers")
+
+L, D, H, HD, KV, F, V = 2, 64, 4, 16, 2, 128, 128      # layers, width, heads, head dim, kv heads, ffn, vocab
+S = 16                                                # prefill tokens
+DEC = 8                                               # decoder tokens (encoder-decoder models)
+
+
+def causal(s):
+    return s * (s + 1) // 2
+
+
+def window(s, w):
+    return w * (w + 1) // 2 + (s - w) * w
+
+
+def attn(pairs, heads=H, hd=HD):
+    """q.k^T and p.v: one MAC each per (pair, head dim), per head."""
+    return 2 * heads * hd * pairs
+
+
+class LM(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids):
+        return self.m(input_ids=ids, use_cache=False).logits
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids):
+        return self.m(input_ids=ids).last_hidden_state
+
+
+class Seq2Seq(torch.nn.Module):
+    def __init__(self, m, key="input_ids"):
+        super().__init__()
+        self.m, self.key = m, key
+
+    def forward(self, x, dec):
+        return self.m(**{self.key: x}, decoder_input_ids=dec, use_cache=False).logits
+
+
+def _check(module, inputs, macs):
+    rep = solbound.analyze(module.eval(), inputs, validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.counts.macs == macs
+    assert rep.validation["status"] == "passed", rep.validation
+    return rep
+
+
+def _ids(n=S):
+    torch.manual_seed(0)
+    return torch.randint(3, V, (1, n))
+
+
+LLAMA_LIKE = dict(num_hidden_layers=L, hidden_size=D, intermediate_size=F, num_attention_heads=H,
+                  num_key_value_heads=KV, vocab_size=V, max_position_embeddings=64)
+
+
+def llama_macs(pairs, qk_norm=False):
+    """GQA projections (q, o: D x H*HD; k, v: D x KV*HD), SwiGLU (3 D x F), two RMSNorms per
+    layer (+ q/k norms for Qwen3), a final norm and the LM head."""
+    proj = S * D * H * HD * 2 + S * D * KV * HD * 2
+    mlp = 3 * S * D * F
+    norms = 2 * S * D + (S * H * HD + S * KV * HD if qk_norm else 0)
+    return L * (proj + mlp + norms + attn(pairs)) + S * D + S * D * V
+
+
+def test_gpt2():
+    cfg = T.GPT2Config(n_layer=L, n_embd=D, n_head=H, vocab_size=V, n_positions=64,
+                       bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    per_layer = S * D * 3 * D + S * D * D + 2 * S * D * 4 * D + attn(causal(S)) + 2 * S * D
+    _check(LM(T.GPT2LMHeadModel(cfg)), (_ids(),), L * per_layer + S * D + S * D * V)
+
+
+def test_llama_gqa():
+    torch.manual_seed(0)
+    _check(LM(T.LlamaForCausalLM(T.LlamaConfig(**LLAMA_LIKE))), (_ids(),), llama_macs(causal(S)))
+
+
+def test_llama_bf16_on_meta_runs_on_bf16_tensor_cores():
+    with torch.device("meta"):
+        m = T.LlamaForCausalLM(T.LlamaConfig(**LLAMA_LIKE)).to(torch.bfloat16)
+    rep = solbound.analyze(LM(m), (torch.zeros(1, S, dtype=torch.long, device="meta"),))
+    assert rep.lowered.unsupported == []
+    assert rep.counts.macs == llama_macs(causal(S))
+    pipes = rep.bound("h100-sxm", "fused").pipe_seconds
+    assert "tensor_bf16" in pipes and "tensor_tf32" not in pipes and "vector_fp32" in pipes
+
+
+def test_mistral_sliding_window():
+    torch.manual_seed(0)
+    cfg = T.MistralConfig(sliding_window=5, **LLAMA_LIKE)
+    _check(LM(T.MistralForCausalLM(cfg)), (_ids(),), llama_macs(window(S, 5)))
+
+
+def test_qwen2():
+    torch.manual_seed(0)
+    _check(LM(T.Qwen2ForCausalLM(T.Qwen2Config(**LLAMA_LIKE))), (_ids(),), llama_macs(causal(S)))
+
+
+def test_qwen3_qk_norm():
+    torch.manual_seed(0)
+    _check(LM(T.Qwen3ForCausalLM(T.Qwen3Config(head_dim=HD, **LLAMA_LIKE))), (_ids(),),
+           llama_macs(causal(S), qk_norm=True))
+
+
+def test_bert_bidirectional():
+    torch.manual_seed(0)
+    cfg = T.BertConfig(num_hidden_layers=L, hidden_size=D, intermediate_size=F,
+                       num_attention_heads=H, vocab_size=V, max_position_embeddings=64)
+    per_layer = 4 * S * D * D + 2 * S * D * F + attn(S * S) + 2 * S * D
+    _check(Encoder(T.BertModel(cfg, add_pooling_layer=False)), (_ids(),), L * per_layer + S * D)
+
+
+def _enc_dec(s_enc, ffn=2):
+    """Encoder and decoder stacks of width D, heads H x HD, FFN of ``ffn`` D x F matmuls;
+    norms: 2 per encoder layer + final, 3 per decoder layer + final."""
+    enc = L * (4 * s_enc * D * D + ffn * s_enc * D * F + attn(s_enc * s_enc) + 2 * s_enc * D) \
+        + s_enc * D
+    dec = L * (4 * DEC * D * D + attn(causal(DEC))                  # self-attention
+               + 2 * DEC * D * D + 2 * s_enc * D * D + attn(DEC * s_enc)   # cross-attention
+               + ffn * DEC * D * F + 3 * DEC * D) + DEC * D
+    return enc + dec + DEC * D * V
+
+
+def test_t5():
+    torch.manual_seed(0)
+    cfg = T.T5Config(num_layers=L, num_decoder_layers=L, d_model=D, d_ff=F, num_heads=H,
+                     d_kv=HD, vocab_size=V)
+    # relative position buckets (log of distances) are data-free: folded, not counted
+    _check(Seq2Seq(T.T5ForConditionalGeneration(cfg)), (_ids(), _ids(DEC)), _enc_dec(S))
+
+
+def test_whisper():
+    torch.manual_seed(0)
+    mel, frames = 16, 2 * S
+    cfg = T.WhisperConfig(encoder_layers=L, decoder_layers=L, d_model=D, encoder_attention_heads=H,
+                          decoder_attention_heads=H, encoder_ffn_dim=F, decoder_ffn_dim=F,
+                          vocab_size=V, num_mel_bins=mel, max_source_positions=S,
+                          max_target_positions=32, pad_token_id=0, bos_token_id=1,
+                          eos_token_id=2, decoder_start_token_id=1)
+    # conv1 (k3, pad 1) over 32 frames: 32*3 - 2 valid taps; conv2 (k3, stride 2, pad 1)
+    # to 16 frames: 2 + 15*3 valid taps (taps on padding are not work)
+    convs = D * mel * (frames * 3 - 2) + D * D * (2 + (S - 1) * 3)
+    feats = torch.randn(1, mel, frames)
+    _check(Seq2Seq(T.WhisperForConditionalGeneration(cfg), "input_features"), (feats, _ids(DEC)),
+           convs + _enc_dec(S))
