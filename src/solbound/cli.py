@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--problems", type=int, nargs="+", default=None)
     kb.add_argument("--validate", action="store_true")
     kb.add_argument("--timings", default=None, help="folder with baseline_time_torch*.json")
+    kb.add_argument("--timings-date", default=None,
+                    help="when the timings were taken (ISO date); default: the timings file's "
+                         "commit date in its repository or in the checkout's results/timing/")
     kb.add_argument("--arch", default="h100-sxm")
     kb.add_argument("--precision-policy", default=None)
     kb.add_argument("--csv", required=True)

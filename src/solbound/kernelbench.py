@@ -25,7 +25,7 @@ COLUMNS = ["level", "problem", "name", "status", "validated", "macs", "flops", "
            "bytes_fused", "sol_unfused_s", "sol_fused_s", "sol_unfused_serial_s",
            "measured_eager_s", "measured_compile_s", "headroom_eager", "headroom_compile",
            "headroom_eager_unfused", "headroom_compile_unfused", "bound_fused", "unsupported",
-           "seconds", "error"]
+           "seconds", "error", "timing_stale"]
 
 # the reference results this table answers to (see docs/kernelbench.md)
 REFERENCE = {1: {"eager_fused": 4.3}, 2: {}, 3: {"eager_fused": 54.6, "compile_fused": 47.7}}
@@ -61,6 +61,58 @@ def load_timings(folder: str | None) -> dict:
             for name, rec in probs.items():
                 res.setdefault((lvn, name), {})[key] = rec["mean"] / 1e3
     return res
+
+
+def _git(cwd: str, *args: str) -> str:
+    import subprocess
+    try:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def timings_date(folder: str | None, root: str, when: str | None = None) -> str | None:
+    """When the timings were taken (ISO 8601): ``when`` if given; else the commit date of
+    the timings file in its own git repository, or of the identical file under the
+    KernelBench checkout's ``results/timing/`` (its copy in shared/ has no history)."""
+    if when:
+        return when
+    if not folder:
+        return None
+    path = os.path.join(folder, "baseline_time_torch.json")
+    if not os.path.exists(path):
+        return None
+    date = _git(folder, "log", "-1", "--format=%cI", "--", "baseline_time_torch.json")
+    if date:
+        return date
+    with open(path, "rb") as f:
+        data = f.read()
+    repo = os.path.dirname(os.path.abspath(root))
+    for dirpath, _, files in os.walk(os.path.join(repo, "results", "timing")):
+        if "baseline_time_torch.json" in files:
+            cand = os.path.join(dirpath, "baseline_time_torch.json")
+            with open(cand, "rb") as f:
+                if f.read() == data:
+                    return _git(dirpath, "log", "-1", "--format=%cI", "--",
+                                "baseline_time_torch.json") or None
+    return None
+
+
+def stale_problems(problems, since: str | None) -> dict[str, str]:
+    """Problem file -> the commit (date, hash, subject) that changed it after ``since``:
+    the published timing measured an older version of that program."""
+    if not since:
+        return {}
+    from datetime import datetime
+    t0 = datetime.fromisoformat(since)
+    out = {}
+    for _, _, path in problems:
+        line = _git(os.path.dirname(path), "log", "-1", "--format=%cI %h %s", "--",
+                    os.path.basename(path))
+        if line and datetime.fromisoformat(line.split(" ", 1)[0]) > t0:
+            out[path] = line
+    return out
 
 
 def analyze_one(path: str, arch: str, policy: str | None, validate: bool) -> dict:
@@ -128,7 +180,8 @@ def _warm_up() -> None:
         analyze(m, (torch.empty(2, 3, 8, 8),), arch="h100-sxm")
 
 
-def run(problems, *, arch="h100-sxm", policy=None, validate=False, timings=None, timeout=120.0,
+def run(problems, *, arch="h100-sxm", policy=None, validate=False, timings=None, stale=None,
+        timeout=120.0,
         jobs=1, progress=print) -> list[dict]:
     import torch  # noqa: F401 - imported once in the parent, shared by forked children
     from . import api  # noqa: F401
@@ -178,6 +231,7 @@ def run(problems, *, arch="h100-sxm", policy=None, validate=False, timings=None,
                        "validated": "skipped", "error": payload,
                        "seconds": time.perf_counter() - t0}
             meas = timings.get((lv, name), {})
+            row["timing_stale"] = (stale or {}).get(path, "")
             row["measured_eager_s"] = meas.get("eager")
             row["measured_compile_s"] = meas.get("compile")
             for key, mode in (("eager", "fused"), ("compile", "fused"),
@@ -247,16 +301,17 @@ def summary(rows: list[dict]) -> str:
         rs = [r for r in rows if int(r["level"]) == lv]
         ok = [r for r in rs if r["status"] in ("ok", "partial")]
         full = [r for r in rs if r["status"] == "ok"]
+        timed = [r for r in ok if not r.get("timing_stale")]    # timing of this very program
         val = [r for r in rs if str(r.get("validated", "")).startswith("passed")]
 
-        def col(name, src=ok):
+        def col(name, src=timed):
             return [v for v in (_f(r.get(name)) for r in src) if v]
         he, hc = col("headroom_eager"), col("headroom_compile")
         hue, huc = col("headroom_eager_unfused"), col("headroom_compile_unfused")
         ratios = [(_f(r["bytes_unfused"]) or 0) / _f(r["bytes_fused"]) for r in ok
                   if _f(r.get("bytes_fused"))]
-        viol = sum(1 for r in ok if any(0 < (x or 1) < 1 for x in (_f(r.get("headroom_eager")),
-                                                                    _f(r.get("headroom_compile")))))
+        viol = sum(1 for r in timed if any(0 < (x or 1) < 1 for x in (_f(r.get("headroom_eager")),
+                                                                       _f(r.get("headroom_compile")))))
 
         def fmt(x):
             return f"{x:.3g}" if x else "-"
@@ -265,6 +320,12 @@ def summary(rows: list[dict]) -> str:
                    f"{fmt(statistics.median(hc) if hc else None)} | {fmt(_geo(hc))} | "
                    f"{fmt(statistics.median(hue) if hue else None)} | {fmt(_geo(hue))} | "
                    f"{fmt(_geo(huc))} | {fmt(max(ratios) if ratios else None)} | {viol} |")
+    stale = [r for r in rows if r.get("timing_stale")]
+    if stale:
+        out.append("")
+        out.append("Excluded from the headroom columns (the problem changed after its timing was "
+                   "taken): " + "; ".join(f"L{r['level']} {r['name']} ({r['timing_stale']})"
+                                          for r in stale))
     out.append("")
     out.append("Reference (a published speed-of-light study of the same benchmark, H100): eager at "
                "4.3x (level 1) to 54.6x (level 3) its fused bound; torch.compile at 47.7x on level 3; "
@@ -282,9 +343,17 @@ def run_cli(a) -> int:
         print("solbound: error: no problems selected", file=sys.stderr)
         return 2
     timings = load_timings(a.timings)
+    since = timings_date(a.timings, a.root, a.timings_date)
+    stale = stale_problems(problems, since)
+    if a.timings and not since:
+        print("solbound: note: the timings' date is unknown (give --timings-date): problems "
+              "edited after them cannot be flagged", flush=True)
+    for path, line in stale.items():
+        print(f"note: {os.path.basename(path)} changed after the timings ({since[:10]}): {line}",
+              flush=True)
     t0 = time.perf_counter()
     rows = run(problems, arch=a.arch, policy=a.precision_policy, validate=a.validate,
-               timings=timings, timeout=a.timeout, jobs=a.jobs,
+               timings=timings, stale=stale, timeout=a.timeout, jobs=a.jobs,
                progress=lambda s: print(s, flush=True))
     total = time.perf_counter() - t0
     write_csv(rows, a.csv)
