@@ -44,7 +44,9 @@ def check_program(p: Program) -> None:
         if k.scan is not None and k.scan not in dims:
             raise IRError(f"{where}: scan dimension {k.scan!r} is not a loop dimension")
         for o in k.outputs:
-            if tensors[o].role in EXTERNAL_ROLES:
+            # DRAM state may be updated in place (a KV-cache buffer, a mutated input);
+            # parameters and constants are read-only
+            if tensors[o].role in ("parameter", "constant"):
                 raise IRError(f"{where}: writes {o}, a {tensors[o].role}")
             written.add(o)
     for t in p.tensors:

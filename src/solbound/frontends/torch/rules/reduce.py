@@ -4,7 +4,9 @@ var, prod, any/all, cumulative sums and products."""
 from __future__ import annotations
 
 from ....ir.affine import Aff
-from ....ir.model import Call
+import math
+
+from ....ir.model import Call, Const, Idx
 from ..lower import LoweringError, OpCtx, View, rule
 from ._util import C, _out_index, dims_vars, div, f, mul, norm_dims, reduce_kernel, sub
 
@@ -199,3 +201,36 @@ def vector_norm(ctx: OpCtx) -> None:
     idx = dims_vars(out.ndim)
     ctx.emit(kb, out, idx, post(kb.load(t, idx)))
     ctx.bind(out)
+
+
+@rule("aten.topk")
+def topk(ctx: OpCtx) -> None:
+    """``topk(x, k, dim, largest)``: k selection passes, pass ``i`` an arg-reduction over the
+    elements the earlier passes did not pick (``select(j == idx[p] for p < i, -inf, x)``),
+    writing column ``i`` of the indices and values. This is the selection algorithm for
+    the small k of routers and samplers: k*n comparisons (+ the exclusion tests), values
+    in sorted order, ties to the first index."""
+    x, k = ctx.args[0], int(ctx.args[1])
+    a = list(ctx.args[2:]) + [None, None]
+    dim = a[0] if a[0] is not None else ctx.kwargs.get("dim", -1)
+    largest = a[1] if a[1] is not None else ctx.kwargs.get("largest", True)
+    dim %= x.ndim
+    vals, idxs = ctx.output(0), ctx.output(1)
+    kept = [i for i in range(x.ndim) if i != dim]
+    op, fill = ("argmax", -math.inf) if largest else ("argmin", math.inf)
+    for i in range(k):
+        kb = ctx.builder([x.shape[j] for j in kept], [x.shape[dim]])
+        xi = _index(x.ndim, kept, [dim])
+        body = kb.load(x, xi)
+        taken = None
+        for p in range(i):
+            pi = list(xi)
+            pi[dim] = Aff.lit(p)
+            c = Call("eq", (kb.load(idxs, pi), Idx(Aff.var("r0"))))
+            taken = c if taken is None else Call("or", (taken, c))
+        if taken is not None:
+            body = Call("select", (taken, Const(fill), body))
+        out_idx = list(xi)
+        out_idx[dim] = Aff.lit(i)
+        ctx.emit(kb, idxs, out_idx, body, reduce=op, out2=vals.base)
+    ctx.bind([vals, idxs])

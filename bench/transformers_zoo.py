@@ -1,0 +1,116 @@
+"""Transformer zoo at realistic sizes: analyze time, peak memory, MACs against the closed
+form, fused bound per chip and the binding unit.
+
+    python bench/transformers_zoo.py                 # Llama-3-8B prefill 2048 + decode at 4096
+    python bench/transformers_zoo.py --models llama3-8b-prefill --tokens 4096
+
+Models are built from configs on the meta device (random weights are never allocated);
+analysis runs on fake tensors. Prefill uses transformers' LlamaForCausalLM; the decode step
+is the static-KV-cache block of tests/programs/llama_decode.py stacked to 8B sizes
+(transformers' own static-cache export wrapper does not get through torch.export's
+decomposition in torch 2.13; see docs/zoo.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+
+import torch
+
+import solbound
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+# Llama-3-8B
+D, LAYERS, H, KV, HD, F, V = 4096, 32, 32, 8, 128, 14336, 128256
+CHIPS = "h100-sxm,b200,mi300x,jetson-thor"
+
+
+def causal(s):
+    return s * (s + 1) // 2
+
+
+def llama_prefill(tokens):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=H,
+                      num_key_value_heads=KV, intermediate_size=F, vocab_size=V,
+                      max_position_embeddings=8192)
+    with torch.device("meta"):
+        m = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+
+    class LM(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, use_cache=False).logits
+    ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
+    t = tokens
+    per_layer = (2 * t * D * H * HD + 2 * t * D * KV * HD + 3 * t * D * F
+                 + 2 * H * HD * causal(t) + 2 * t * D)
+    return LM(m), (ids,), LAYERS * per_layer + t * D + t * D * V
+
+
+def llama_decode(context):
+    from programs.llama_decode import Model
+    pos = context - 1
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Model(D, H, KV, HD, F, context, pos)
+                                              for _ in range(LAYERS))
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return x
+    import programs.llama_decode as mod
+    mod.batch = 1
+    with torch.device("meta"):
+        m = Decoder().to(torch.bfloat16)
+    x = torch.zeros(1, 1, D, dtype=torch.bfloat16, device="meta")
+    per_layer = D * H * HD * 2 + 2 * D * KV * HD + 3 * D * F + 2 * H * HD * context + 2 * D
+    return m, (x,), LAYERS * per_layer
+
+
+MODELS = {"llama3-8b-prefill": llama_prefill, "llama3-8b-decode": llama_decode}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--tokens", type=int, default=2048, help="prefill tokens")
+    ap.add_argument("--context", type=int, default=4096, help="decode context")
+    a = ap.parse_args()
+    for name in a.models:
+        arg = a.tokens if "prefill" in name else a.context
+        module, inputs, closed = MODELS[name](arg)
+        t0 = time.perf_counter()
+        rep = solbound.analyze(module, inputs, arch=CHIPS)
+        dt = time.perf_counter() - t0
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        print(f"## {name} ({'tokens' if 'prefill' in name else 'context'} {arg})")
+        print(f"analyze {dt:.1f} s, peak RSS {peak:.2f} GiB (process so far), "
+              f"unsupported {len(rep.lowered.unsupported)}")
+        print(f"MACs {rep.counts.macs:,} vs closed form {closed:,} "
+              f"({'equal' if rep.counts.macs == closed else 'DIFFERENT'})")
+        print(f"bytes fused {rep.counts.fused.bytes:,}, unfused {rep.counts.unfused.bytes:,}")
+        print("| chip | fused | unfused | fused bound by |")
+        print("|---|---|---|---|")
+        for spec in rep.specs:
+            f = rep.bound(spec.id, "fused")
+            u = rep.bound(spec.id, "unfused")
+            why = f"compute ({f.binding_unit})" if f.bound == "compute" else "memory"
+            print(f"| {spec.id} | {f.seconds * 1e3:.3f} ms | {u.seconds * 1e3:.3f} ms | {why} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()
