@@ -240,6 +240,9 @@ class _Cache(nn.Module):
 
 case("topk", lambda s, x: torch.topk(x, 3, -1).values * 2 + torch.topk(x, 2, 0).indices.sum()
      + torch.topk(x, 2, -1, largest=False).values.sum(), [((4, 7),), ((2, 5, 6),)])
+case("scatter", lambda s, x: x.scatter(1, torch.topk(x, 2, 1).indices, 1.5)
+     + x.scatter(0, torch.topk(x[:2], 1, 0).indices, x[:1] * 3) + torch.empty_like(x).fill_(1),
+     [((4, 7),), ((3, 5),)])
 case("repeat", lambda s, x: x.repeat(2, 1, 3) * 1 + x.repeat(1, 1, 1).sum(),
      [((3, 5),), ((1, 4, 2),)])
 case("slice_scatter-in-place", None, [((2, 1, 5),), ((2, 3, 5),)], {"module": _Cache})

@@ -165,3 +165,44 @@ def test_whisper():
     feats = torch.randn(1, mel, frames)
     _check(Seq2Seq(T.WhisperForConditionalGeneration(cfg), "input_features"), (feats, _ids(DEC)),
            convs + _enc_dec(S))
+
+
+E, TOPK = 4, 2                                        # experts, experts per token
+
+
+def moe(inter, shared=0):
+    """Routed experts as T*k expert evaluations (SwiGLU: 3 D x inter each), the router
+    (D x E per token), the weighted combine (a sum over k of weight * output: T*k*D), and
+    ``shared`` always-on experts."""
+    return S * D * E + S * TOPK * 3 * D * inter + S * TOPK * D + shared * 3 * S * D * inter
+
+
+def test_mixtral_moe_routed():
+    torch.manual_seed(0)
+    cfg = T.MixtralConfig(num_local_experts=E, num_experts_per_tok=TOPK,
+                          experts_implementation="batched_mm", **LLAMA_LIKE)
+    dense_mlp = 3 * S * D * F
+    _check(LM(T.MixtralForCausalLM(cfg)), (_ids(),),
+           llama_macs(causal(S)) + L * (moe(F) - dense_mlp))
+
+
+def test_deepseek_v3_mla_and_moe():
+    torch.manual_seed(0)
+    q_lora, kv_lora, rope, nope, v_dim, inter = 24, 16, 8, 8, 16, 32
+    cfg = T.DeepseekV3Config(num_hidden_layers=L, hidden_size=D, intermediate_size=F,
+                             moe_intermediate_size=inter, num_attention_heads=H,
+                             num_key_value_heads=H, vocab_size=V, max_position_embeddings=64,
+                             kv_lora_rank=kv_lora, q_lora_rank=q_lora, qk_rope_head_dim=rope,
+                             qk_nope_head_dim=nope, v_head_dim=v_dim, n_routed_experts=E,
+                             num_experts_per_tok=TOPK, n_shared_experts=1,
+                             first_k_dense_replace=1, n_group=1, topk_group=1,
+                             experts_implementation="batched_mm")
+    # multi-head latent attention: q down (D -> q_lora), norm, q up (-> H x (nope+rope));
+    # kv down (D -> kv_lora + rope), norm, kv up (kv_lora -> H x (nope + v)); o (H*v -> D)
+    mla = (S * D * q_lora + S * q_lora + S * q_lora * H * (nope + rope)
+           + S * D * (kv_lora + rope) + S * kv_lora + S * kv_lora * H * (nope + v_dim)
+           + S * H * v_dim * D)
+    scores = H * causal(S) * (nope + rope) + H * causal(S) * v_dim
+    per_layer = mla + scores + 2 * S * D
+    mlps = 3 * S * D * F + moe(inter, shared=1)      # layer 0 dense, layer 1 routed + shared
+    _check(LM(T.DeepseekV3ForCausalLM(cfg)), (_ids(),), L * per_layer + mlps + S * D + S * D * V)
