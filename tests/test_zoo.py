@@ -206,3 +206,32 @@ def test_deepseek_v3_mla_and_moe():
     per_layer = mla + scores + 2 * S * D
     mlps = 3 * S * D * F + moe(inter, shared=1)      # layer 0 dense, layer 1 routed + shared
     _check(LM(T.DeepseekV3ForCausalLM(cfg)), (_ids(),), L * per_layer + mlps + S * D + S * D * V)
+
+
+class Decode(torch.nn.Module):
+    """One decode step of a transformers decoder against a cache of ``past`` positions
+    (a DynamicCache filled from the inputs: the past keys and values are program inputs)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids, *kv):
+        cache = T.DynamicCache(config=self.m.config)
+        for i in range(0, len(kv), 2):
+            cache.update(kv[i], kv[i + 1], i // 2)
+        return self.m(input_ids=ids, past_key_values=cache, use_cache=True).logits
+
+
+def test_llama_decode_step_exact_macs_and_fused_bytes():
+    torch.manual_seed(0)
+    past = 20
+    m = T.LlamaForCausalLM(T.LlamaConfig(**LLAMA_LIKE))
+    kv = [torch.randn(1, KV, past, HD) for _ in range(2 * L)]
+    rep = _check(Decode(m), (_ids(1), *kv),
+                 L * (2 * D * H * HD + 2 * D * KV * HD + 3 * D * F + attn(past + 1) + 2 * D)
+                 + D + D * V)
+    # fused: every weight once (the embedding: the one row looked up), the past keys and
+    # values, the token id (int64), the rotary inverse frequencies (HD/2), the logits
+    weights = L * (2 * D * H * HD + 2 * D * KV * HD + 3 * D * F + 2 * D) + D + D * V + D
+    assert rep.counts.fused.bytes == 4 * (weights + 2 * L * KV * past * HD + HD // 2 + V) + 8
