@@ -58,3 +58,31 @@ def test_triangular_inputs_stated_by_get_inputs():
     # the same module on plain inputs: only the output triangle is demanded
     plain = solbound.analyze(Model(), (torch.rand(n, n), torch.rand(n, n)))
     assert totals(plain)[0] == n * (n + 1) // 2 * n
+
+
+class _ClsToken(torch.nn.Module):
+    """ViT-style: a class token concatenated to embedded patches, an encoder layer over a
+    (S, N, E) tensor (batch_first=False: attention mixes along S, N is the batch), and the
+    output x[:, 0]: only batch column 0 is needed, through flattened (s, n) linears, the
+    attention, the norms and the concatenation (the patch embedding is not needed at all)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(12, 8)
+        self.cls = torch.nn.Parameter(torch.randn(2, 1, 8))
+        self.layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)
+
+    def forward(self, patches):
+        x = torch.cat([self.cls, self.embed(patches)], dim=1)
+        return self.layer(x)[:, 0]
+
+
+def test_demand_through_flattened_dims_attention_and_concatenation():
+    s, e, ff, heads = 2, 8, 16, 2
+    # in-projection (s x e x 3e), q.k^T and p.v (s*s pairs x head dim, per head),
+    # out-projection, two layer norms' sums of squares, the feed-forward pair
+    expect = s * e * 3 * e + 2 * heads * s * s * (e // heads) + s * e * e + 2 * s * e \
+        + 2 * s * e * ff
+    rep = solbound.analyze(_ClsToken().eval(), (torch.randn(2, 4, 12),), validate=True)
+    assert totals(rep)[0] == expect
+    assert rep.validation["status"] == "passed"

@@ -65,9 +65,33 @@ def _bounds(e: Aff, rng: dict[str, tuple[int, int]]) -> tuple[int, int]:
     return lo, hi
 
 
-def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None], set[Atom]]:
-    """(box per coordinate, atoms over x0, x1, ...) containing what ``acc`` reads."""
+def _digits(e: Aff, rng: dict[str, tuple[int, int]]) -> tuple[tuple[int, ...], list] | None:
+    """``e`` as a mixed-radix number ``sum c_i v_i`` (``c_0 = 1``, each ``c_i`` dividing
+    ``c_{i+1}``, every digit below its radix): the coefficients and each digit's range.
+    A flattened ``(s, n)`` read as ``s*N + n`` with ``n`` confined is a strided set, not a
+    box; its digits still describe it exactly."""
+    if len(e.terms) < 2 or e.const != 0 or any(c <= 0 for _, c in e.terms):
+        return None
+    terms = sorted(e.terms, key=lambda t: t[1])
+    coefs = tuple(c for _, c in terms)
+    if coefs[0] != 1 or len(set(coefs)) != len(coefs):
+        return None
+    spans = []
+    for i, (v, c) in enumerate(terms):
+        lo, hi = rng[v]
+        if i + 1 < len(terms):
+            nxt = terms[i + 1][1]
+            if nxt % c or lo < 0 or hi >= nxt // c:
+                return None
+        spans.append((lo, hi))
+    return coefs, spans
+
+
+def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None], set[Atom], list]:
+    """(box per coordinate, atoms over x0, x1, ..., mixed-radix digits per coordinate)
+    containing what ``acc`` reads."""
     rng = _var_ranges(k)
+    digits = [None if isinstance(e, Access) else _digits(e, rng) for e in acc.index]
     box: list[tuple[int, int] | None] = []
     owner: dict[str, Aff] = {}          # loop variable -> its value in tensor coordinates
     for pos, e in enumerate(acc.index):
@@ -84,23 +108,25 @@ def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None]
         if a.expr.vars and all(v in owner for v in a.expr.vars):
             e = a.expr.subst(owner)
             atoms.add(Atom(Aff(tuple(sorted(e.terms)), e.const), a.lo, a.hi))
-    return box, atoms
+    return box, atoms, digits
 
 
-def _identity_writer(k: Kernel) -> list[str | None] | None:
-    """One loop variable per coordinate, or ``None`` for a coordinate that is not
-    restricted: written at a constant (a size-1 dimension whose loop was folded away)
-    or by variables no other coordinate uses (a batch fold ``d0h*3 + d0l``)."""
-    names = []
+def _identity_writer(k: Kernel) -> tuple[list[str | None], list[int]] | None:
+    """One loop variable per coordinate, with its offset (a region of a concatenation is
+    written at ``v + c``), or ``None`` for a coordinate that is not restricted: written at
+    a constant (a size-1 dimension whose loop was folded away) or by variables no other
+    coordinate uses (a batch fold ``d0h*3 + d0l``)."""
+    names, offsets = [], []
     for pos, a in enumerate(k.out_index):
-        v = a.single_var()
+        v = a.terms[0][0] if len(a.terms) == 1 and a.terms[0][1] == 1 else None
         if v is None:
             others = {w for q, b in enumerate(k.out_index) if q != pos for w in b.vars}
             if set(a.vars) & others:
                 return None
         names.append(v)
+        offsets.append(a.const if v is not None else 0)
     used = [v for v in names if v is not None]
-    return names if used and len(set(used)) == len(used) else None
+    return (names, offsets) if used and len(set(used)) == len(used) else None
 
 
 def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[Kernel]:
@@ -120,12 +146,15 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
     for pos in range(len(ks) - 1, -1, -1):
         p = ks[pos]
         t = p.out
-        if (t not in intermediates or writers.get(t) != 1 or p.scan is not None
+        # several writers (the parts of a concatenation) are each confined to the
+        # readers' region: what a writer skips is never read after it
+        if (t not in intermediates or p.scan is not None
                 or p.out2 is not None or p.loop is not None):
             continue
-        names = _identity_writer(p)
-        if names is None:
+        found = _identity_writer(p)
+        if found is None:
             continue
+        names, offsets = found
         regions = [_access_region(ks[c], a) for c in readers.get(t, ()) if c > pos
                    for a in accesses(ks[c].body) if a.tensor == t]
         if not regions:
@@ -137,16 +166,19 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
             hull.append(None if any(s is None for s in spans)
                         else (min(s[0] for s in spans), max(s[1] for s in spans)))
         shared = set.intersection(*(r[1] for r in regions))
-        to_var = {_X.format(d): Aff.var(names[d]) for d in range(rank) if names[d] is not None}
+        to_var = {_X.format(d): Aff.var(names[d]) + offsets[d] for d in range(rank)
+                  if names[d] is not None}
         ext = p.extents
         new: list[Atom] = []
         for d, span in enumerate(hull):
             if names[d] is None:
                 continue
             n = ext[names[d]]
-            if span is not None and (span[0] > 0 or span[1] < n - 1):
-                new.append(Atom(Aff.var(names[d]), span[0] if span[0] > 0 else None,
-                                span[1] + 1 if span[1] < n - 1 else None))
+            if span is not None:
+                lo, hi = span[0] - offsets[d], span[1] - offsets[d]
+                if lo > 0 or hi < n - 1:
+                    new.append(Atom(Aff.var(names[d]), lo if lo > 0 else None,
+                                    hi + 1 if hi < n - 1 else None))
         for a in sorted(shared, key=str):
             if not set(a.expr.vars) <= set(to_var):
                 continue
@@ -155,10 +187,86 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
             if (atom.lo is None or lo >= atom.lo) and (atom.hi is None or hi < atom.hi):
                 continue            # implied by the producer's own extents
             new.append(atom)
-        new = [a for a in new if a not in p.guard]
+        have = {_canon(a) for a in p.guard}
+        new = [a for a in dict.fromkeys(_canon(a) for a in new) if a not in have]
         if new:
-            ks[pos] = p.with_(guard=p.guard + tuple(new))
+            p = p.with_(guard=p.guard + tuple(new))
+        for d in range(rank):
+            digits = [r[2][d] for r in regions]
+            if names[d] is not None:
+                if offsets[d] == 0:
+                    p = _split_by_digits(p, names[d], digits)
+            else:
+                p = _confine_digits(p, p.out_index[d], digits)
+        ks[pos] = p
     return ks
+
+
+def _canon(a: Atom) -> Atom:
+    return Atom(Aff(tuple(sorted(a.expr.terms)), a.expr.const), a.lo, a.hi)
+
+
+def _confine_digits(p: Kernel, e: Aff, digits: list) -> Kernel:
+    """A producer already writing the coordinate as the readers' mixed-radix number (a
+    batch fold split at lowering): confine each of its digit variables to the readers' hull."""
+    if not digits or any(dg is None for dg in digits) or len({dg[0] for dg in digits}) != 1:
+        return p
+    mine = _digits(e, {v: (0, n - 1) for v, n in p.extents.items()})
+    if mine is None or mine[0] != digits[0][0]:
+        return p
+    terms = sorted(e.terms, key=lambda t: t[1])
+    atoms = []
+    for i, ((v, _), (lo0, hi0)) in enumerate(zip(terms, mine[1])):
+        lo = min(dg[1][i][0] for dg in digits)
+        hi = max(dg[1][i][1] for dg in digits)
+        if lo > lo0 or hi < hi0:
+            atoms.append(Atom(Aff.var(v), lo if lo > lo0 else None, hi + 1 if hi < hi0 else None))
+    have = {_canon(a) for a in p.guard}
+    atoms = [a for a in atoms if _canon(a) not in have]
+    return p.with_(guard=p.guard + tuple(atoms)) if atoms else p
+
+
+def _split_by_digits(p: Kernel, v: str, digits: list) -> Kernel:
+    """Split the producer's loop ``v`` into the mixed-radix digits every reader uses for
+    it, and confine each digit to the readers' hull (``(s, n)`` flattened, only ``n = 0``
+    read: ``v = v_1*N + v_0`` with ``v_0 < 1``)."""
+    if not digits or any(dg is None for dg in digits) or len({dg[0] for dg in digits}) != 1:
+        return p
+    coefs = digits[0][0]
+    n = p.extents[v]
+    if n % coefs[-1]:
+        return p
+    radix = [coefs[i + 1] // coefs[i] for i in range(len(coefs) - 1)] + [n // coefs[-1]]
+    hull = [(min(dg[1][i][0] for dg in digits), max(dg[1][i][1] for dg in digits))
+            for i in range(len(coefs))]
+    if all(lo <= 0 and hi >= r - 1 for (lo, hi), r in zip(hull, radix)):
+        return p
+    taken = set(p.extents) | ({p.loop[0]} if p.loop else set())
+    names = []
+    for i in range(len(coefs)):
+        name, j = f"{v}_{i}", 0
+        while name in taken:
+            j += 1
+            name = f"{v}_{i}_{j}"
+        taken.add(name)
+        names.append(name)
+    value = Aff.lit(0)
+    for c, name in zip(coefs, names):
+        value = value + Aff.var(name) * c
+    sub = {v: value}
+    dims = []
+    for d, e in p.dims:
+        if d == v:
+            dims += [(name, r) for name, r in reversed(list(zip(names, radix)))]
+        else:
+            dims.append((d, e))
+    guard = tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in p.guard)
+    guard += tuple(Atom(Aff.var(name), lo if lo > 0 else None, hi + 1 if hi < r - 1 else None)
+                   for name, (lo, hi), r in zip(names, hull, radix)
+                   if lo > 0 or hi < r - 1)
+    from .model import subst_expr
+    return p.with_(dims=tuple(dims), out_index=tuple(a.subst(sub) for a in p.out_index),
+                   body=subst_expr(p.body, sub), guard=guard)
 
 
 
