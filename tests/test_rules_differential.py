@@ -245,6 +245,24 @@ case("scatter", lambda s, x: x.scatter(1, torch.topk(x, 2, 1).indices, 1.5)
      [((4, 7),), ((3, 5),)])
 case("repeat", lambda s, x: x.repeat(2, 1, 3) * 1 + x.repeat(1, 1, 1).sum(),
      [((3, 5),), ((1, 4, 2),)])
+class _IndexCache(nn.Module):
+    """KV-cache writes at known positions: index_copy_ with a constant index, and
+    advanced-index assignment at arange positions (both lower to index_put)."""
+
+    def __init__(self, n=9, pos=4):
+        super().__init__()
+        self.pos = pos
+        self.register_buffer("k", torch.randn(2, n, 5))
+        self.register_buffer("v", torch.randn(2, n, 5))
+
+    def forward(self, x):
+        t = x.shape[1]
+        self.k.index_copy_(1, torch.tensor(list(range(self.pos, self.pos + t))), x)
+        self.v[:, torch.arange(self.pos, self.pos + 2 * t, 2)] = x * 2
+        return self.k[:, :self.pos + t].sum(1) + self.v.sum(1)
+
+
+case("index_put-known-positions", None, [((2, 1, 5),), ((2, 2, 5),)], {"module": _IndexCache})
 case("slice_scatter-in-place", None, [((2, 1, 5),), ((2, 3, 5),)], {"module": _Cache})
 # the old value is read afterwards: a fresh tensor, copied and overwritten
 case("slice_scatter-functional", lambda s, x, y: torch.slice_scatter(x, y, 1, 1, 3) + x,

@@ -378,6 +378,7 @@ class Lowering:
         self.ep = ep
         self.input_structure = list(input_structure)
         self.state_structure = dict(state_structure or {})
+        self._constant_targets: dict[str, str] = {}
         self.user_files = tuple(os.path.abspath(f) for f in user_files)
         self.env: dict[torch.fx.Node, Any] = {}
         self.tensors: dict[str, TensorDecl] = {}
@@ -479,6 +480,8 @@ class Lowering:
                 v = self.new_base(node.name, tuple(int(s) for s in val.shape),
                                   TORCH_DTYPES[val.dtype], role)
                 self.env[node] = v
+                if role == "constant":
+                    self._constant_targets[v.base] = target
                 if role == "input":
                     inputs.append({"name": node.name, "ir": v.base})
                 else:
@@ -541,6 +544,16 @@ class Lowering:
                               f"(get_inputs builds it with torch.{kind}, diagonal {diag}): "
                               f"products that read it skip its zero triangle")
         return support
+
+    def constant_value(self, name: str):
+        """The real value of a constant the exported program holds (a lifted
+        ``torch.tensor([...])``), by IR tensor name; ``None`` if unknown."""
+        target = self._constant_targets.get(name)
+        val = self.ep.constants.get(target) if target is not None else None
+        if val is None or not isinstance(val, torch.Tensor) or val.device.type == "meta":
+            return None
+        from torch._subclasses.fake_tensor import FakeTensor
+        return None if isinstance(val, FakeTensor) else val
 
     def _runtime_mask_notes(self, program: Program) -> None:
         """Name the inputs that may mask work but whose values only the run knows."""

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from ..lower import OpCtx, View, rule
-from ._util import dims_vars
+from ....ir.affine import Aff
+from ....ir.model import Access, Call, Idx
+from ..lower import LoweringError, OpCtx, View, rule
+from ._util import dims_vars, operand
 
 
 def _later_readers_of_base(ctx: OpCtx, base: str) -> bool:
@@ -45,8 +47,60 @@ def _later_readers_of_base(ctx: OpCtx, base: str) -> bool:
 def _copy_into(ctx: OpCtx, region: View, src) -> None:
     kb = ctx.builder(region.shape)
     idx = dims_vars(region.ndim)
-    from ._util import operand
     ctx.emit(kb, region, idx, operand(kb, src, region.shape, idx))
+
+
+def _progression(ctx: OpCtx, index) -> tuple[int, int] | None:
+    """``(start, step)`` when a 1-d index tensor is known to be ``start + step*i``: made by
+    ``arange`` in the program (its kernel's value is affine in its loop variable), or a
+    constant the exported program holds (``torch.tensor([pos])``)."""
+    if not isinstance(index, View) or index.ndim != 1 or not index.is_full:
+        return None
+    low = ctx.low
+    base = index.base
+    for _ in range(8):                      # through copies (clone, casts) of the index
+        writers = [k for k in low.kernels if k.out == base]
+        if len(writers) != 1 or writers[0].guard or len(writers[0].dims) > 1:
+            break
+        w = writers[0]
+        body = w.body
+        while isinstance(body, Call) and body.op.startswith("to_"):
+            body = body.args[0]
+        d0 = w.dims[0][0] if w.dims else None
+        if isinstance(body, Idx) and set(body.expr.vars) <= {d0}:
+            return body.expr.const, body.expr.coef(d0) if d0 else 1
+        if not (isinstance(body, Access) and body.index == w.out_index
+                and w.out_index[0] in (Aff.lit(0), Aff.var(d0) if d0 else None)):
+            break
+        base = body.tensor
+    values = low.constant_value(base)
+    if values is None or values.dtype.is_floating_point or values.numel() == 0:
+        return None
+    vals = [int(v) for v in values.reshape(-1).tolist()]
+    step = vals[1] - vals[0] if len(vals) > 1 else 1
+    if step <= 0 or any(b - a != step for a, b in zip(vals, vals[1:])):
+        return None
+    return vals[0], step
+
+
+@rule("aten.index_put")
+def index_put(ctx: OpCtx) -> None:
+    """``x[..., idx, ...] = v`` (``index_copy_``, KV caches written at ``cache_position``)
+    with one index tensor whose values are a known progression (``arange``, a constant):
+    the strided slice it names is written, in place when nothing reads the old ``x``."""
+    x, indices, v = ctx.args[0], list(ctx.args[1]), ctx.args[2]
+    accumulate = ctx.args[3] if len(ctx.args) > 3 else ctx.kwargs.get("accumulate", False)
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    if accumulate or len(pos) != 1:
+        raise LoweringError("index_put with several index tensors or accumulate=True")
+    dim = pos[0]
+    prog = _progression(ctx, indices[dim])
+    if prog is None:
+        raise LoweringError("index_put at positions known only at run time (an input or "
+                            "computed index): the written rows cannot be told apart")
+    start, step = prog
+    n = indices[dim].shape[0]
+    _write_slice(ctx, x, v, dim, start, start + (n - 1) * step + 1, step)
 
 
 @rule("aten.slice_scatter")
@@ -57,7 +111,10 @@ def slice_scatter(ctx: OpCtx) -> None:
     start = a[1] if a[1] is not None else ctx.kwargs.get("start")
     end = a[2] if a[2] is not None else ctx.kwargs.get("end")
     step = a[3] if a[3] is not None else ctx.kwargs.get("step", 1)
-    dim %= x.ndim
+    _write_slice(ctx, x, src, dim % x.ndim, start, end, step)
+
+
+def _write_slice(ctx: OpCtx, x: View, src, dim: int, start, end, step) -> None:
     if x.is_full and not _later_readers_of_base(ctx, x.base):
         target = x                                   # in place
     else:
