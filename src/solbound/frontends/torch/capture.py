@@ -9,8 +9,10 @@ tensor memory when the module lives on the meta device.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
 import os
 import sys
 import traceback
@@ -263,16 +265,59 @@ def export_program(model, inputs: tuple, source: str = "program"):
     args = tuple(inputs)
     for attempt in (0, 1):
         try:
-            with warnings.catch_warnings(), _fast_recurrent_shapes():
+            # torch prints the partial graph of a failed trace to stderr: the user gets
+            # one line from us instead
+            with warnings.catch_warnings(), _fast_recurrent_shapes(), _quiet_torch_logs(), \
+                    contextlib.redirect_stderr(io.StringIO()):
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(model, args, strict=False)
                 return ep.run_decompositions(_decomp_table())
         except Exception as e:  # noqa: BLE001
             if attempt == 0 and "mutated" in str(e) and _lift_tensor_attributes(model):
                 continue   # a plain tensor attribute updated in forward: now a buffer
+            if "data-dependent" in str(e) or type(e).__name__.startswith("GuardOnDataDependent"):
+                where, code = _user_frame(e)
+                raise FrontendError(
+                    f"{source}: data-dependent control flow or size at {where}"
+                    + (f" ({code})" if code else "")
+                    + ": the program branches, loops or sizes a tensor on tensor values, which "
+                      "tracing cannot follow; write it with torch.cond / torch.where or fixed "
+                      "sizes (transformers MoE models: experts_implementation=\"batched_mm\")"
+                ) from None
             raise FrontendError(f"{source}: torch.export failed to trace ({_where(e)}): "
                                 f"{_oneline(e)}") from None
     raise AssertionError("unreachable")
+
+
+class _quiet_torch_logs:
+    """torch logs whole graphs and tracebacks at ERROR level while tracing fails; the user
+    gets one line from us instead."""
+
+    def __enter__(self):
+        import logging
+        names = ["torch"] + [n for n in logging.root.manager.loggerDict if n.startswith("torch.")]
+        self.saved = [(lg, lg.level) for lg in map(logging.getLogger, names)]
+        for lg, _ in self.saved:
+            lg.setLevel(logging.CRITICAL)
+        return self
+
+    def __exit__(self, *exc):
+        for lg, level in self.saved:
+            lg.setLevel(level)
+        return False
+
+
+def _user_frame(exc: BaseException) -> tuple[str, str]:
+    """The innermost traceback frame outside torch (the user's, or their library's, line)."""
+    import torch
+    torch_dir = os.path.dirname(torch.__file__)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not os.path.abspath(f.filename).startswith((torch_dir, here))]
+    if not frames:
+        return _where(exc), ""
+    f = frames[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno}", (f.line or "").strip()
 
 
 RECURRENT = ("aten.lstm.input", "aten.gru.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
