@@ -45,6 +45,8 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     from .frontends.torch.capture import export_program, input_structure, state_structure
     from .frontends.torch.lower import lower
 
+    if not isinstance(inputs, (tuple, list)):
+        inputs = (inputs,)                       # a bare tensor: the one input
     src = source or type(module).__name__
     t0 = time.perf_counter()
     ep = export_program(module, tuple(inputs), src)

@@ -101,6 +101,8 @@ def cmd_kernelbench(a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="solbound",
                                 description="Speed-of-light bounds for PyTorch programs")
+    from . import __version__
+    p.add_argument("--version", action="version", version=f"solbound {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     an = sub.add_parser("analyze", help="count and bound a program")
     _common(an)

@@ -115,6 +115,7 @@ def load_spec(arch: str) -> Spec:
     if arch.endswith(".toml") or os.path.sep in arch:
         return spec_from_file(arch)
     cat = catalog()
+    arch = arch.strip().lower()
     if arch not in cat:
         raise UnknownArch(f"unknown arch {arch!r}; known: {', '.join(sorted(cat))}")
     return cat[arch]

@@ -40,11 +40,22 @@ class Report:
     def unsupported(self):
         return self.lowered.unsupported
 
-    def bound(self, arch: str, mode: str) -> Bound:
+    def bound(self, arch: str, mode: str = "fused") -> Bound:
+        """The bound on chip ``arch`` (case-insensitive) in fidelity ``mode``."""
         for b in self.bounds:
-            if b.arch == arch and b.mode == mode:
+            if b.arch == arch.lower() and b.mode == mode:
                 return b
-        raise KeyError((arch, mode))
+        have = sorted({(b.arch, b.mode) for b in self.bounds})
+        raise KeyError(f"no bound for arch {arch!r}, mode {mode!r}; this report has "
+                       + ", ".join(f"{a}/{m}" for a, m in have))
+
+    def __repr__(self) -> str:
+        pc = self.counts
+        first = next((b for b in self.bounds if b.mode == "fused"), None)
+        sol = f", {first.arch} fused {first.seconds:.3g} s ({first.bound})" if first else ""
+        return (f"<solbound.Report {self.source}: {len(pc.groups)} operators, "
+                f"{pc.macs:,} MACs, {pc.fused.bytes:,} fused bytes{sol}, "
+                f"{len(self.unsupported)} unsupported>")
 
     @property
     def totals(self) -> dict:

@@ -263,12 +263,18 @@ def export_program(model, inputs: tuple, source: str = "program"):
     if not isinstance(model, nn.Module):
         raise FrontendError(f"{source}: Model is not a torch.nn.Module")
     args = tuple(inputs)
+    # tensors made in forward without a device (torch.arange(n), torch.zeros(b, c)) go
+    # where the program's tensors are, as they would on that device
+    devices = {t.device for t in list(model.parameters()) + list(model.buffers())
+               + [a for a in _leaves(args) if isinstance(a, torch.Tensor)]}
+    home = devices.pop() if len(devices) == 1 else None
     for attempt in (0, 1):
         try:
             # torch prints the partial graph of a failed trace to stderr: the user gets
             # one line from us instead
             with warnings.catch_warnings(), _fast_recurrent_shapes(), _quiet_torch_logs(), \
-                    contextlib.redirect_stderr(io.StringIO()):
+                    contextlib.redirect_stderr(io.StringIO()), \
+                    (torch.device(home) if home is not None else contextlib.nullcontext()):
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(model, args, strict=False)
                 return ep.run_decompositions(_decomp_table())
@@ -287,6 +293,11 @@ def export_program(model, inputs: tuple, source: str = "program"):
             raise FrontendError(f"{source}: torch.export failed to trace ({_where(e)}): "
                                 f"{_oneline(e)}") from None
     raise AssertionError("unreachable")
+
+
+def _leaves(args):
+    from torch.utils._pytree import tree_leaves
+    return tree_leaves(list(args))
 
 
 class _quiet_torch_logs:

@@ -1,0 +1,50 @@
+"""The Python API and CLI polish: inputs, names, errors a user sees."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import solbound
+
+
+def test_bare_tensor_input_case_insensitive_chip_and_short_repr():
+    rep = solbound.analyze(nn.Linear(4, 3), torch.randn(2, 4), arch="H100-SXM")
+    assert rep.counts.macs == 2 * 4 * 3
+    assert rep.bound("H100-sxm").mode == "fused"
+    r = repr(rep)
+    assert len(r) < 200 and "24 MACs" in r and "h100-sxm" in r
+
+
+def test_unknown_bound_lists_what_exists():
+    rep = solbound.analyze(nn.Linear(4, 3), (torch.randn(2, 4),), arch="h100-sxm")
+    with pytest.raises(KeyError, match="h100-sxm/fused, h100-sxm/unfused"):
+        rep.bound("h100", "fused")
+
+
+class _MadeInForward(nn.Module):
+    """Tensors made in forward without a device (very common in real models)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(8, 8)
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1])
+        return self.l(x) + pos[None, :, None] + torch.ones(x.shape[1])[None, :, None] \
+            + torch.zeros(x.shape[0], 8)[:, None, :]
+
+
+def test_tensors_made_in_forward_follow_a_meta_model():
+    with torch.device("meta"):
+        m, x = _MadeInForward(), torch.randn(2, 5, 8)
+    rep = solbound.analyze(m, (x,))
+    assert rep.counts.macs == 2 * 5 * 8 * 8 and rep.lowered.unsupported == []
+
+
+def test_version_and_python_m():
+    out = subprocess.run([sys.executable, "-m", "solbound", "--version"], capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"solbound {solbound.__version__}"
