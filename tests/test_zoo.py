@@ -177,13 +177,26 @@ def moe(inter, shared=0):
     return S * D * E + S * TOPK * 3 * D * inter + S * TOPK * D + shared * 3 * S * D * inter
 
 
-def test_mixtral_moe_routed():
+@pytest.mark.parametrize("dispatch", ["grouped_mm", "eager", "batched_mm"])
+def test_mixtral_moe_routed_whatever_the_dispatch(dispatch):
+    # every dispatch evaluates each (token, chosen expert) pair once; sorted (grouped_mm)
+    # and looped (eager) dispatches are traced as batched_mm (stated), and validated
+    # against the model running its own dispatch
     torch.manual_seed(0)
     cfg = T.MixtralConfig(num_local_experts=E, num_experts_per_tok=TOPK,
-                          experts_implementation="batched_mm", **LLAMA_LIKE)
+                          experts_implementation=dispatch, **LLAMA_LIKE)
     dense_mlp = 3 * S * D * F
-    _check(LM(T.MixtralForCausalLM(cfg)), (_ids(),),
-           llama_macs(causal(S)) + L * (moe(F) - dense_mlp))
+    rep = _check(LM(T.MixtralForCausalLM(cfg)), (_ids(),),
+                 llama_macs(causal(S)) + L * (moe(F) - dense_mlp))
+    stated = [a for a in rep.to_dict()["assumptions"] if "mixture-of-experts" in a]
+    assert len(stated) == (dispatch != "batched_mm")
+
+
+def test_keeping_the_sorted_dispatch_reports_what_is_missing():
+    cfg = T.MixtralConfig(num_local_experts=E, num_experts_per_tok=TOPK, **LLAMA_LIKE)
+    rep = solbound.analyze(LM(T.MixtralForCausalLM(cfg).eval()), (_ids(),),
+                           keep_experts_dispatch=True)
+    assert {"aten.sort", "aten.histc"} <= {u.operator for u in rep.lowered.unsupported}
 
 
 def test_deepseek_v3_mla_and_moe():
@@ -195,8 +208,7 @@ def test_deepseek_v3_mla_and_moe():
                              kv_lora_rank=kv_lora, q_lora_rank=q_lora, qk_rope_head_dim=rope,
                              qk_nope_head_dim=nope, v_head_dim=v_dim, n_routed_experts=E,
                              num_experts_per_tok=TOPK, n_shared_experts=1,
-                             first_k_dense_replace=1, n_group=1, topk_group=1,
-                             experts_implementation="batched_mm")
+                             first_k_dense_replace=1, n_group=1, topk_group=1)
     # multi-head latent attention: q down (D -> q_lora), norm, q up (-> H x (nope+rope));
     # kv down (D -> kv_lora + rope), norm, kv up (kv_lora -> H x (nope + v)); o (H*v -> D)
     mla = (S * D * q_lora + S * q_lora + S * q_lora * H * (nope + rope)

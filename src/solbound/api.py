@@ -35,7 +35,8 @@ def analyze_lowered(lowered, *, source: str, arch=None, precision_policy: str | 
 
 
 def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = None,
-            source: str | None = None, validate: bool = False, **validate_opts) -> Report:
+            source: str | None = None, validate: bool = False,
+            keep_experts_dispatch: bool = False, **validate_opts) -> Report:
     """Analyze ``module(*inputs)``: capture, lower to the loop IR, count, bound.
 
     ``inputs`` may be real or meta tensors; capture itself runs on fake tensors.
@@ -49,13 +50,14 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
         inputs = (inputs,)                       # a bare tensor: the one input
     src = source or type(module).__name__
     t0 = time.perf_counter()
-    ep = export_program(module, tuple(inputs), src)
+    ep = export_program(module, tuple(inputs), src, keep_experts=keep_experts_dispatch)
     t1 = time.perf_counter()
     user_files = (source,) if source and os.path.exists(source) else ()
     lowered = lower(ep, user_files, input_structure(inputs), state_structure(module))
     t2 = time.perf_counter()
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"export_s": t1 - t0, "lower_s": t2 - t1})
+    rep.keep_experts_dispatch = keep_experts_dispatch
     if validate:
         from .validate.golden import validate_report
         validate_report(rep, module, tuple(inputs), **validate_opts)
@@ -63,13 +65,15 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
 
 
 def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
-                   validate: bool = False, **validate_opts) -> Report:
+                   validate: bool = False, keep_experts_dispatch: bool = False,
+                   **validate_opts) -> Report:
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``."""
     from .frontends.torch.capture import load_problem
 
     problem = load_problem(spec)
     model, inputs, note = problem.build_for_capture()
-    rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec)
+    rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec,
+                  keep_experts_dispatch=keep_experts_dispatch)
     if note:
         rep.lowered.program = rep.lowered.program.__class__(
             rep.lowered.program.tensors, rep.lowered.program.kernels,

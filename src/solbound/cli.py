@@ -24,7 +24,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def cmd_analyze(a) -> int:
     from .api import analyze_source
     rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
-                         validate=a.validate, **_vopts(a))
+                         validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
+                         **_vopts(a))
     if a.json:
         _write(a.json, rep.to_json())
     if not a.quiet:
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--max-bytes", type=float, default=None, metavar="GIB",
                     help="validation memory budget (GiB) before reduced shapes are used")
     an.add_argument("--top", type=int, default=8, help="operators listed in the top table")
+    an.add_argument("--keep-experts-dispatch", action="store_true",
+                    help="trace transformers mixture-of-experts layers with their own dispatch "
+                         "(by default batched_mm: the same T*k expert evaluations, static sizes)")
     an.add_argument("-q", "--quiet", action="store_true", help="no terminal tables")
     an.set_defaults(fn=cmd_analyze)
 

@@ -30,6 +30,7 @@ class Report:
     timings: dict = field(default_factory=dict)
     validation: dict | None = None
     problem: Any = None
+    keep_experts_dispatch: bool = False
 
     # --- access -------------------------------------------------------------
     @property
@@ -111,6 +112,9 @@ class Report:
             "unsupported": [{"operator": u.operator, "source": u.source, "reason": u.reason}
                             for u in self.unsupported],
             "notes": list(self.program.notes) + pc.unfused.notes + pc.fused.notes,
+            # what the counts rest on beyond the program text (each also among the notes)
+            "assumptions": [n for n in list(self.program.notes) + pc.fused.notes
+                            if n.startswith("assumption:") or "assumed" in n],
             "validation": self.validation or {"status": "skipped", "reason": "not requested"},
         }
         return d

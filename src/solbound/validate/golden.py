@@ -445,6 +445,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
     from ..frontends.torch.capture import export_program, input_structure, state_structure
     from ..frontends.torch.lower import lower
 
+    keep = getattr(rep, "keep_experts_dispatch", False)
     flops = sum(rep.counts.flops.values())
     mem, secs = estimate_cost(rep.program, flops)
     lowered = rep.lowered
@@ -459,7 +460,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
         for factor, new_problem in problem.shrink():
             try:
                 m, inp, _ = new_problem.build_for_capture()
-                ep_r = export_program(m, inp, problem.source)
+                ep_r = export_program(m, inp, problem.source, keep_experts=keep)
             except Exception:  # noqa: BLE001 - a size the program does not accept
                 continue
             low_r = lower(ep_r, (), input_structure(inp), state_structure(m))
@@ -484,7 +485,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
         raise ValueError("validation needs the module and real inputs")
     import torch
     with torch.no_grad():
-        ep = export_program(model, tuple(inputs), rep.source)
+        ep = export_program(model, tuple(inputs), rep.source, keep_experts=keep)
     low = lower(ep, (), input_structure(inputs), state_structure(model))
     if reduced is None and _structure(low.program) != _structure(lowered.program):
         rep.validation = {"status": "failed",

@@ -255,8 +255,48 @@ def load_problem(spec: str) -> Problem:
     return Problem(spec, build_factory)
 
 
-def export_program(model, inputs: tuple, source: str = "program"):
-    """torch.export + core ATen decomposition; returns the ExportedProgram."""
+EXPERTS_DISPATCH = "batched_mm"
+
+
+class _traceable_experts:
+    """Mixture-of-experts layers of transformers dispatch tokens to experts by sorting
+    them (``grouped_mm``) or by a Python loop over the experts hit (``eager``): sizes that
+    depend on the routing, which tracing cannot follow. Every dispatch evaluates each
+    (token, chosen expert) pair once, T*k expert evaluations whatever the routing, so while
+    tracing the experts use transformers' ``batched_mm`` dispatch, which does the same work
+    with static sizes. Restored on exit: validation runs the model's own dispatch."""
+
+    def __init__(self, model, enabled: bool = True):
+        self.model, self.enabled, self.changed, self.notes = model, enabled, [], []
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        seen = set()
+        for mod in self.model.modules():
+            cfg = getattr(mod, "config", None)
+            impl = getattr(cfg, "_experts_implementation", None) if cfg is not None else None
+            if (type(mod).__name__.endswith("Experts") and impl not in (None, EXPERTS_DISPATCH)
+                    and id(cfg) not in seen):
+                seen.add(id(cfg))
+                self.changed.append((cfg, impl))
+                cfg._experts_implementation = EXPERTS_DISPATCH
+                self.notes.append(
+                    f"assumption: mixture-of-experts layers ({type(mod).__name__}, dispatch "
+                    f"{impl!r}) are traced with transformers' {EXPERTS_DISPATCH!r} dispatch: the "
+                    f"same T*k expert evaluations with static sizes (--keep-experts-dispatch "
+                    f"to trace the program's own)")
+        return self
+
+    def __exit__(self, *exc):
+        for cfg, impl in self.changed:
+            cfg._experts_implementation = impl
+        return False
+
+
+def export_program(model, inputs: tuple, source: str = "program", keep_experts: bool = False):
+    """torch.export + core ATen decomposition; returns the ExportedProgram. Notes on what
+    was assumed while tracing are in ``ep.solbound_notes``."""
     import torch
     import torch.nn as nn
 
@@ -274,10 +314,13 @@ def export_program(model, inputs: tuple, source: str = "program"):
             # one line from us instead
             with warnings.catch_warnings(), _fast_recurrent_shapes(), _quiet_torch_logs(), \
                     contextlib.redirect_stderr(io.StringIO()), \
-                    (torch.device(home) if home is not None else contextlib.nullcontext()):
+                    (torch.device(home) if home is not None else contextlib.nullcontext()), \
+                    _traceable_experts(model, not keep_experts) as experts:
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(model, args, strict=False)
-                return ep.run_decompositions(_decomp_table())
+                ep = ep.run_decompositions(_decomp_table())
+                ep.solbound_notes = list(experts.notes)
+                return ep
         except Exception as e:  # noqa: BLE001
             if attempt == 0 and "mutated" in str(e) and _lift_tensor_attributes(model):
                 continue   # a plain tensor attribute updated in forward: now a buffer

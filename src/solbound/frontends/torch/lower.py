@@ -384,7 +384,7 @@ class Lowering:
         self.tensors: dict[str, TensorDecl] = {}
         self.kernels: list[Kernel] = []
         self.unsupported: list[Unsupported] = []
-        self.notes: list[str] = []
+        self.notes: list[str] = list(getattr(ep, "solbound_notes", []))
         self.groups: dict[str, dict] = {}
         # tensor names never collide with the loop-variable names rules use
         self._names: set[str] = set(RESERVED) | {"t", "b", "g", "k", "j", "c", "cc", "kk", "ts"}
@@ -564,9 +564,9 @@ class Lowering:
                                and any(a.tensor == t.name for a in accesses(k.body))
                                for k in program.kernels)
             if t.dtype == "bool" or in_attention:
-                self.notes.append(f"input {t.name} is known only at run time: work it may mask "
-                                  f"is counted dense (a mask built from indices in forward, "
-                                  f"is_causal, or a constant buffer would be skipped)")
+                self.notes.append(f"assumption: input {t.name} is known only at run time: work it "
+                              f"may mask is counted dense (a mask built from indices in "
+                              f"forward, is_causal, or a constant buffer would be skipped)")
 
     def _state_seeds(self, state: list[dict], program: Program) -> dict:
         """Facts of constant buffers built triangular (a causal mask made in ``__init__``)."""
