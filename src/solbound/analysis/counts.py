@@ -115,7 +115,8 @@ def program_dtypes(g: Graph) -> dict[str, str]:
         best = None
         for acc in n.operands:
             t = acc.tensor
-            inside = any(g.nodes[i].kernel.op == k.op for i in g.producers.get(t, ()))
+            inside = bool(k.op) and any(g.nodes[i].kernel.op == k.op
+                                        for i in g.producers.get(t, ()))
             dt = origin.get(t) if inside else tensors[t].dtype
             if dt in _WIDTH and (best is None or _WIDTH[dt] < _WIDTH[best]):
                 best = dt
@@ -137,6 +138,7 @@ def _sums_of_products(g: Graph, kcs: list[KernelCounts]) -> None:
     product and the sum are one kernel (``sum(x * x)``) or an elementwise product summed
     by the next kernel (``(x ** 2).mean()``, ``x ** 2`` being ``x * x``). The sum's points
     are then MACs (its adds were already counted as FLOPs: a MAC is 2 FLOPs either way)."""
+    summed: set[str] = set()
     for i, n in enumerate(g.nodes):
         k = n.kernel
         if n.kind != "reduction" or k.reduce != "sum" or kcs[i].macs:
@@ -145,7 +147,12 @@ def _sums_of_products(g: Graph, kcs: list[KernelCounts]) -> None:
         if not isinstance(body, Access) or body.indirect:
             continue
         prod = g.producers.get(body.tensor, [])
-        if len(prod) == 1 and g.nodes[prod[0]].kind == "map" and _is_product(g.nodes[prod[0]].kernel.body):
+        # a product summed by several reductions is one set of multiplies: the first sum
+        # that reads it whole carries the MACs, the others are plain additions
+        if len(prod) == 1 and g.nodes[prod[0]].kind == "map" \
+                and _is_product(g.nodes[prod[0]].kernel.body) and body.tensor not in summed \
+                and kcs[i].points == kcs[prod[0]].points:
+            summed.add(body.tensor)
             kcs[i].macs = kcs[i].points
 
 
@@ -282,7 +289,11 @@ def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
                 for _, box in boxes:
                     atoms = tuple(Atom(e, lo, hi + 1) for e, (lo, hi) in zip(acc.index, box))
                     saved += access_footprint(acc, shape, ext, k.guard + atoms).elements
-            if t in k.outputs and k.out == t:
+            # a write region that is a box (unit-stride or constant coordinates); a strided
+            # write (every other row) is not subtracted: its box would overstate it
+            if t in k.outputs and k.out == t and all(
+                    len(e.terms) == 0 or (len(e.terms) == 1 and abs(e.terms[0][1]) == 1)
+                    for e in k.out_index):
                 boxes.append((pos, tuple(e.bounds(ext) for e in k.out_index)))
         if saved:
             b = min(saved * tensors[t].itemsize, fused.reads.get(t, 0))

@@ -41,20 +41,33 @@ from .model import EXTERNAL_ROLES, Call, Program, accesses, walk
 FOLD_LIMIT = 1 << 24
 
 
+# dtypes the executor computes exactly (it runs bf16/fp16 in float32 and narrow integers in
+# int64: their rounding and wraparound would not be folded faithfully)
+EXACT_DTYPES = frozenset({"f32", "f64", "i64", "i32", "bool"})
+
+
 def data_free(p: Program, limit: int = FOLD_LIMIT) -> list[str]:
     """Tensors every writer of which reads only data-free tensors (no inputs, parameters,
-    buffers or constants, no random draws, not in a sequential loop), in order."""
+    buffers or constants, no random draws, not in a sequential loop, exact dtypes), in
+    order. A tensor with several writers qualifies only when nothing reads it before its
+    last writer (a reader in between sees an earlier value than the folded one)."""
     decls = p.tensor_map
     free: dict[str, bool] = {}
-    for k in p.kernels:
+    last_write: dict[str, int] = {}
+    first_read: dict[str, int] = {}
+    for pos, k in enumerate(p.kernels):
         reads = {a.tensor for a in accesses(k.body)}
+        for t in reads:
+            first_read.setdefault(t, pos)
         ok = (k.loop is None and all(free.get(t, False) for t in reads)
               and not any(isinstance(e, Call) and e.op == "rand" for e in walk(k.body))
               and all(decls[o].role not in EXTERNAL_ROLES and decls[o].numel <= limit
-                      for o in k.outputs))
+                      and decls[o].dtype in EXACT_DTYPES for o in k.outputs))
         for o in k.outputs:
             free[o] = ok and free.get(o, True)
-    return [t for t, ok in free.items() if ok]
+            last_write[o] = pos
+    return [t for t, ok in free.items()
+            if ok and first_read.get(t, len(p.kernels)) > last_write[t]]
 
 
 def fold(p: Program, limit: int = FOLD_LIMIT) -> dict[str, object]:

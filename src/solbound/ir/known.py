@@ -20,13 +20,15 @@ score product ``q @ k^T``) to what those guards read.
 Values are evaluated abstractly, per kernel, over a small domain: a known constant
 (:class:`Known`), an integer affine function of the loop variables (:class:`Lin`,
 ``arange``), a conditional ``Cond(atoms, t, f)`` (``t`` where every affine atom holds,
-``f`` elsewhere) or unknown data (``UNKNOWN``). Assumptions: data read from tensors is
-finite; a division ``0 / x`` by data is ``0`` (the denominator of a softmax is at least
-1); a finite additive mask constant (at most ``MASK_LIMIT``, e.g. ``finfo.min``) swamps
-the score it is added to, so ``exp`` of the sum is exactly 0 and it does not change a
-row's max as long as the row keeps one unmasked element. Every rewrite preserves the
-program's values under these assumptions, and validation compares the rewritten IR with
-the framework.
+``f`` elsewhere), a masked score (:class:`MaskNeg`: a finite mask constant such as
+``finfo.min`` plus data, whose ``exp`` after the row max is subtracted is exactly 0),
+``NONFINITE`` (the max of a row that may be entirely masked) or unknown data
+(``UNKNOWN``). Assumptions: the values the program computes are finite (so ``0 * x = 0``
+and ``-inf + x = -inf``), and a division ``0 / x`` is ``0`` (the denominator of a softmax
+is at least 1); a masked max is skipped only when every row keeps an unmasked element
+(checked). Every rewrite preserves the program's values under these assumptions, and
+validation compares the rewritten IR with the framework, so a program that breaks them
+(a ``log(0)`` in a masked region) fails validation rather than passing silently.
 
 Facts are derived only for tensors written by one kernel with an identity index (one
 loop variable per coordinate over the whole tensor), outside sequential loops; a
@@ -61,6 +63,22 @@ class _Unknown:
 
 
 UNKNOWN = _Unknown()
+
+
+class _NonFinite:
+    def __repr__(self) -> str:
+        return "NONFINITE"
+
+
+# a value that may be -inf or a masked score (the max of a row every element of which may
+# be masked): none of the finite-data rules apply to it
+NONFINITE = _NonFinite()
+
+
+@dataclass(frozen=True)
+class MaskNeg:
+    """A finite mask constant (at most ``MASK_LIMIT``) plus finite data: not a known value,
+    but ``exp`` of it (minus a row max) is exactly 0."""
 
 
 @dataclass(frozen=True)
@@ -145,12 +163,13 @@ MASK_LIMIT = -1e4
 
 
 def _mask_value(v) -> bool:
-    return isinstance(v, Known) and isinstance(v.value, float) and v.value <= MASK_LIMIT
+    return (isinstance(v, Known) and isinstance(v.value, float) and v.value <= MASK_LIMIT) \
+        or isinstance(v, MaskNeg)
 
 
 def _is_identity(reduce: str, v) -> bool:
     """``v`` contributes nothing to the reduction (a masked score contributes nothing to
-    a row max that has an unmasked element)."""
+    the max of a row that keeps an unmasked element: checked by the caller)."""
     return _eq(v, Known(_IDENTITY[reduce])) or (reduce == "max" and _mask_value(v))
 
 
@@ -178,12 +197,14 @@ def _concrete(op: str, vals: list):
         if op in ("lt", "le", "gt", "ge", "eq", "ne"):
             return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "eq": a == b,
                     "ne": a != b}[op]
-        if op == "and":
-            return bool(a) and bool(b)
-        if op == "or":
-            return bool(a) or bool(b)
-        if op == "not":
-            return not a
+        if op in ("and", "or", "xor", "not"):
+            if all(isinstance(x, bool) for x in vals):
+                return {"and": lambda: a and b, "or": lambda: a or b, "xor": lambda: a != b,
+                        "not": lambda: not a}[op]()
+            if all(isinstance(x, int) for x in vals):       # integers: bitwise
+                return {"and": lambda: a & b, "or": lambda: a | b, "xor": lambda: a ^ b,
+                        "not": lambda: ~a}[op]()
+            return None
         if op == "maximum":
             return max(a, b)
         if op == "minimum":
@@ -210,6 +231,12 @@ def _concrete(op: str, vals: list):
 
 def _apply(op: str, args: list):
     """The abstract value of ``op(args)`` (no Cond among ``args``)."""
+    if any(a is NONFINITE for a in args):
+        if op == "select" and isinstance(args[0], Known):
+            return args[1] if args[0].value else args[2]
+        return NONFINITE
+    if any(isinstance(a, MaskNeg) for a in args):
+        return _apply_masked(op, args)
     if all(isinstance(a, Known) for a in args):
         r = _concrete(op, [a.value for a in args])
         return UNKNOWN if r is None else Known(r)
@@ -227,12 +254,12 @@ def _apply(op: str, args: list):
                     return Known(v.value)
                 return Known(-v.value)
             if _mask_value(v) and (op == "add" or v is a):
-                return v            # a finite mask constant swamps the data it is added to
+                return MaskNeg()    # a finite mask constant plus finite data
     if op == "div" and _is(args[0], 0):
         return Known(0.0)
-    if op == "and" and any(_is(a, False) for a in args):
-        return Known(False)
-    if op == "or" and any(_is(a, True) for a in args):
+    if op == "and" and any(_is(a, False) or _is(a, 0) for a in args):
+        return Known(False if any(_is(a, False) and type(a.value) is bool for a in args) else 0)
+    if op == "or" and any(isinstance(a, Known) and a.value is True for a in args):
         return Known(True)
     if op == "maximum" and any(_is(a, math.inf) for a in args):
         return Known(math.inf)
@@ -276,8 +303,25 @@ def _apply_lin(op: str, args: list):
         return _cond((Atom(ls[0] - ls[1], lo, hi),), Known(True), Known(False))
     if op == "ne":
         return _cond((Atom(ls[0] - ls[1], 0, 1),), Known(False), Known(True))
-    if op.startswith("to_") and op[3:] != "bool":
+    if op in ("to_i64", "to_i32", "to_f32", "to_f64"):
+        return args[0]      # exact for index values (narrower types may round or wrap)
+    return UNKNOWN
+
+
+def _apply_masked(op: str, args: list):
+    """``op`` where an argument is a masked score (``MaskNeg``)."""
+    if op in ("add", "sub") and isinstance(args[0], MaskNeg) and not isinstance(args[1], MaskNeg):
+        return MaskNeg()                        # minus a row max, plus a bias: still masked
+    if op == "add" and isinstance(args[1], MaskNeg) and not isinstance(args[0], MaskNeg):
+        return MaskNeg()
+    if op == "exp":
+        return Known(0.0)
+    if op in ("to_f32", "to_f64", "to_bf16", "to_f16"):
         return args[0]
+    if op == "eq" and any(isinstance(a, Known) and a.value in (math.inf, -math.inf) for a in args):
+        return Known(False)
+    if op == "select" and isinstance(args[0], Known):
+        return args[1] if args[0].value else args[2]
     return UNKNOWN
 
 
@@ -377,18 +421,21 @@ def _new_atoms(k: Kernel, atoms) -> tuple[Atom, ...]:
 
 
 def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
-                    seeds: dict | None = None) -> list[Kernel]:
+                    seeds: dict | None = None, folded: dict | None = None) -> list[Kernel]:
     """The kernels with known-constant regions turned into guards (see the module doc).
 
-    ``shapes`` gives every tensor's shape; ``seeds`` maps tensors that no kernel writes
+    ``shapes`` gives every tensor's shape; ``seeds`` maps tensors the program receives
     (inputs built triangular, constant mask buffers) to facts over their coordinates
-    ``x0, x1, ...``; facts of the tensors the kernels write are derived here.
+    ``x0, x1, ...`` (dropped for a tensor the program updates in place); ``folded`` gives
+    facts of computed tensors known before the program runs (``ir/fold.py``); facts of
+    the other tensors the kernels write are derived here.
     """
-    facts: dict = dict(seeds or {})
     writers: dict[str, int] = {}
     for k in kernels:
         for o in k.outputs:
             writers[o] = writers.get(o, 0) + 1
+    facts: dict = {t: f for t, f in (seeds or {}).items() if t not in writers}
+    facts.update(folded or {})
     out = []
     for k in kernels:
         if k.loop is not None or k.scan is not None or k.out2 is not None:
@@ -405,10 +452,35 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
         elif k.reduce in _IDENTITY and isinstance(val, Cond) and _is_identity(k.reduce, val.f) \
                 and not _eq(val.t, val.f):
             new = _new_atoms(k, val.atoms)
-            if new:
+            if new and k.reduce in ("max", "min") and not _rows_nonempty(k, new):
+                # a row entirely masked: its max is the masked value itself, not -inf
+                facts[k.out] = NONFINITE
+            elif new:
                 k = k.with_(guard=k.guard + new)
         out.append(k)
     return out
+
+
+ROWS_LIMIT = 1 << 25
+
+
+def _rows_nonempty(k: Kernel, atoms) -> bool:
+    """Every output element of reduction ``k`` keeps at least one point under its guard
+    plus ``atoms`` (enumerated over the variables the atoms constrain; too large: no)."""
+    import numpy as np
+    guard = tuple(k.guard) + tuple(atoms)
+    ext = k.extents
+    names = sorted({v for a in guard for v in a.expr.vars})
+    if not names or math.prod(ext[v] for v in names) > ROWS_LIMIT:
+        return not names
+    red = set(k.reduce_vars)
+    grids = np.ix_(*[np.arange(ext[v]) for v in names])
+    env = dict(zip(names, grids))
+    ok = np.ones([ext[v] for v in names], dtype=bool)
+    for a in guard:
+        ok &= np.broadcast_to(a.holds(env), ok.shape)
+    axes = tuple(i for i, v in enumerate(names) if v in red)
+    return bool(ok.any(axis=axes).all()) if axes else bool(ok.all())
 
 
 def _rewrite_map(k: Kernel, val):
@@ -458,4 +530,5 @@ def seed_from_structure(kind: str, diag: int, rank: int, inside=None):
     return Cond((atom,), UNKNOWN if inside is None else Known(inside), Known(0))
 
 
-__all__ = ["propagate_known", "seed_from_structure", "Known", "Lin", "Cond", "UNKNOWN"]
+__all__ = ["propagate_known", "seed_from_structure", "Known", "Lin", "Cond", "UNKNOWN",
+           "NONFINITE", "MaskNeg"]

@@ -507,8 +507,9 @@ class Lowering:
         # masks built from indices (and constant triangular buffers) become guards
         seeds = {name: _support_fact(atoms) for name, atoms in support.items()}
         seeds.update(self._state_seeds(state, program))
-        seeds.update(fold(Program(program.tensors, tuple(kernels), program.notes)))
-        kernels = propagate_known(kernels, {t.name: t.shape for t in program.tensors}, seeds)
+        folded = fold(Program(program.tensors, tuple(kernels), program.notes))
+        kernels = propagate_known(kernels, {t.name: t.shape for t in program.tensors}, seeds,
+                                  folded)
         program = _prune(Program(program.tensors, tuple(kernels), program.notes))
         kernels = list(program.kernels)
         self._runtime_mask_notes(program)
@@ -530,11 +531,14 @@ class Lowering:
                               values, self.rules_used, draws, partial)
 
     def _input_support(self, inputs: list[dict], program: Program) -> dict[str, tuple[Atom, ...]]:
-        """Zero-outside atoms (over coordinates x0, x1, ...) of inputs built triangular."""
+        """Zero-outside atoms (over coordinates x0, x1, ...) of inputs built triangular (and
+        not updated in place by the program)."""
         support = {}
+        written = {o for k in program.kernels for o in k.outputs}
         for spec, st in zip(inputs, self.input_structure):
             name = spec.get("ir")
-            if st is None or name is None or name not in program.tensor_map or name in self.flat:
+            if st is None or name is None or name not in program.tensor_map or name in self.flat \
+                    or name in written:
                 continue
             kind, diag = st[0], st[1]
             r = len(program.tensor_map[name].shape)
@@ -575,7 +579,8 @@ class Lowering:
         for st in state:
             tag = self.state_structure.get(st["target"])
             name = st["ir"]
-            if tag is None or name not in tmap or name in self.flat or len(tmap[name].shape) < 2:
+            if tag is None or name not in tmap or name in self.flat or len(tmap[name].shape) < 2 \
+                    or any(name in k.outputs for k in program.kernels):
                 continue
             kind, diag, inside = tag
             seeds[name] = seed_from_structure(kind, diag, len(tmap[name].shape), inside)

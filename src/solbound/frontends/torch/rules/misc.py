@@ -53,7 +53,7 @@ def scatter(ctx: OpCtx) -> None:
     ii[dim] = j
     hit = ctx.new_tensor(out.shape, "bool", ctx.node.name + "_hit")
     kb = ctx.builder(out.shape, [n])
-    if any(ii[d] is not idx[d] and index.shape[d] != out.shape[d] for d in range(out.ndim) if d != dim):
+    if any(index.shape[d] != out.shape[d] for d in range(out.ndim) if d != dim):
         raise LoweringError("scatter with an index smaller than the output off the scatter dim")
     test = Call("eq", (kb.load(index, ii), Idx(idx[dim])))
     ctx.emit(kb, hit, idx, test, reduce="any")

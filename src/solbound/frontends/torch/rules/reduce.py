@@ -209,7 +209,9 @@ def topk(ctx: OpCtx) -> None:
     elements the earlier passes did not pick (``select(j == idx[p] for p < i, -inf, x)``),
     writing column ``i`` of the indices and values. This is the selection algorithm for
     the small k of routers and samplers: k*n comparisons (+ the exclusion tests), values
-    in sorted order, ties to the first index."""
+    in sorted order, ties to the first index. Known limit: a row holding -inf (largest)
+    or +inf (smallest) among its top k can repeat an index, as taken elements are
+    excluded by that same value."""
     x, k = ctx.args[0], int(ctx.args[1])
     a = list(ctx.args[2:]) + [None, None]
     dim = a[0] if a[0] is not None else ctx.kwargs.get("dim", -1)

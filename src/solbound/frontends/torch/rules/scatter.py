@@ -54,13 +54,16 @@ def _progression(ctx: OpCtx, index) -> tuple[int, int] | None:
     """``(start, step)`` when a 1-d index tensor is known to be ``start + step*i``: made by
     ``arange`` in the program (its kernel's value is affine in its loop variable), or a
     constant the exported program holds (``torch.tensor([pos])``)."""
-    if not isinstance(index, View) or index.ndim != 1 or not index.is_full:
-        return None
+    if not isinstance(index, View) or index.ndim != 1 or not index.is_full \
+            or index.dtype not in ("i64", "i32"):
+        return None                         # a bool mask selects, it does not index
     low = ctx.low
     base = index.base
+    n = index.shape[0]
     for _ in range(8):                      # through copies (clone, casts) of the index
         writers = [k for k in low.kernels if k.out == base]
-        if len(writers) != 1 or writers[0].guard or len(writers[0].dims) > 1:
+        if len(writers) != 1 or writers[0].guard or len(writers[0].dims) > 1 \
+                or writers[0].reduce is not None or writers[0].scan is not None:
             break
         w = writers[0]
         body = w.body
@@ -68,7 +71,9 @@ def _progression(ctx: OpCtx, index) -> tuple[int, int] | None:
             body = body.args[0]
         d0 = w.dims[0][0] if w.dims else None
         if isinstance(body, Idx) and set(body.expr.vars) <= {d0}:
-            return body.expr.const, body.expr.coef(d0) if d0 else 1
+            start, step = body.expr.const, body.expr.coef(d0) if d0 else 1
+            # positions written in order, none negative (a negative index counts from the end)
+            return (start, step) if start >= 0 and (step > 0 or n == 1) else None
         if not (isinstance(body, Access) and body.index == w.out_index
                 and w.out_index[0] in (Aff.lit(0), Aff.var(d0) if d0 else None)):
             break
@@ -78,7 +83,7 @@ def _progression(ctx: OpCtx, index) -> tuple[int, int] | None:
         return None
     vals = [int(v) for v in values.reshape(-1).tolist()]
     step = vals[1] - vals[0] if len(vals) > 1 else 1
-    if step <= 0 or any(b - a != step for a, b in zip(vals, vals[1:])):
+    if step <= 0 or vals[0] < 0 or any(b - a != step for a, b in zip(vals, vals[1:])):
         return None
     return vals[0], step
 
@@ -115,7 +120,8 @@ def slice_scatter(ctx: OpCtx) -> None:
 
 
 def _write_slice(ctx: OpCtx, x: View, src, dim: int, start, end, step) -> None:
-    if x.is_full and not _later_readers_of_base(ctx, x.base):
+    reads_itself = isinstance(src, View) and src.base == x.base     # y[:, 1:4] = y[:, 0:3]
+    if x.is_full and not reads_itself and not _later_readers_of_base(ctx, x.base):
         target = x                                   # in place
     else:
         target = ctx.output()
