@@ -80,7 +80,36 @@ def llama_decode(context):
     return m, (x,), LAYERS * per_layer
 
 
-MODELS = {"llama3-8b-prefill": llama_prefill, "llama3-8b-decode": llama_decode}
+def llama_decode_transformers(context):
+    """transformers' LlamaForCausalLM, one token against ``context - 1`` cached positions
+    (a DynamicCache filled from the past keys and values, which are program inputs)."""
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=H,
+                      num_key_value_heads=KV, intermediate_size=F, vocab_size=V,
+                      max_position_embeddings=8192)
+    with torch.device("meta"):
+        m = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+
+    class Decode(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, *kv):
+            cache = DynamicCache(config=self.m.config)
+            for i in range(0, len(kv), 2):
+                cache.update(kv[i], kv[i + 1], i // 2)
+            return self.m(input_ids=ids, past_key_values=cache, use_cache=True).logits
+    past = context - 1
+    kv = [torch.zeros(1, KV, past, HD, dtype=torch.bfloat16, device="meta")
+          for _ in range(2 * LAYERS)]
+    ids = torch.zeros(1, 1, dtype=torch.long, device="meta")
+    per_layer = 2 * D * H * HD + 2 * D * KV * HD + 3 * D * F + 2 * H * HD * context + 2 * D
+    return Decode(m), (ids, *kv), LAYERS * per_layer + D + D * V
+
+
+MODELS = {"llama3-8b-prefill": llama_prefill, "llama3-8b-decode": llama_decode,
+          "llama3-8b-decode-transformers": llama_decode_transformers}
 
 
 def main() -> None:

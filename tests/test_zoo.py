@@ -75,13 +75,13 @@ LLAMA_LIKE = dict(num_hidden_layers=L, hidden_size=D, intermediate_size=F, num_a
                   num_key_value_heads=KV, vocab_size=V, max_position_embeddings=64)
 
 
-def llama_macs(pairs, qk_norm=False):
+def llama_macs(pairs, qk_norm=False, s=S):
     """GQA projections (q, o: D x H*HD; k, v: D x KV*HD), SwiGLU (3 D x F), two RMSNorms per
-    layer (+ q/k norms for Qwen3), a final norm and the LM head."""
-    proj = S * D * H * HD * 2 + S * D * KV * HD * 2
-    mlp = 3 * S * D * F
-    norms = 2 * S * D + (S * H * HD + S * KV * HD if qk_norm else 0)
-    return L * (proj + mlp + norms + attn(pairs)) + S * D + S * D * V
+    layer (+ q/k norms for Qwen3), a final norm and the LM head, for ``s`` tokens."""
+    proj = s * D * H * HD * 2 + s * D * KV * HD * 2
+    mlp = 3 * s * D * F
+    norms = 2 * s * D + (s * H * HD + s * KV * HD if qk_norm else 0)
+    return L * (proj + mlp + norms + attn(pairs)) + s * D + s * D * V
 
 
 def test_gpt2():
@@ -170,11 +170,11 @@ def test_whisper():
 E, TOPK = 4, 2                                        # experts, experts per token
 
 
-def moe(inter, shared=0):
+def moe(inter, shared=0, s=S):
     """Routed experts as T*k expert evaluations (SwiGLU: 3 D x inter each), the router
     (D x E per token), the weighted combine (a sum over k of weight * output: T*k*D), and
     ``shared`` always-on experts."""
-    return S * D * E + S * TOPK * 3 * D * inter + S * TOPK * D + shared * 3 * S * D * inter
+    return s * D * E + s * TOPK * 3 * D * inter + s * TOPK * D + shared * 3 * s * D * inter
 
 
 @pytest.mark.parametrize("dispatch", ["grouped_mm", "eager", "batched_mm"])
@@ -247,3 +247,27 @@ def test_llama_decode_step_exact_macs_and_fused_bytes():
     # values, the token id (int64), the rotary inverse frequencies (HD/2), the logits
     weights = L * (2 * D * H * HD + 2 * D * KV * HD + 3 * D * F + 2 * D) + D + D * V + D
     assert rep.counts.fused.bytes == 4 * (weights + 2 * L * KV * past * HD + HD // 2 + V) + 8
+
+
+PAST = 20
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3", "mixtral"])
+def test_decoder_llms_decode_one_token(name):
+    """One decode step of each decoder LLM against PAST cached positions: projections for one
+    token, attention over the positions its mask keeps (all PAST+1, or the window)."""
+    torch.manual_seed(0)
+    models = {
+        "llama": (T.LlamaForCausalLM, T.LlamaConfig(**LLAMA_LIKE), PAST + 1, False),
+        "mistral": (T.MistralForCausalLM, T.MistralConfig(sliding_window=5, **LLAMA_LIKE), 5, False),
+        "qwen2": (T.Qwen2ForCausalLM, T.Qwen2Config(**LLAMA_LIKE), PAST + 1, False),
+        "qwen3": (T.Qwen3ForCausalLM, T.Qwen3Config(head_dim=HD, **LLAMA_LIKE), PAST + 1, True),
+        "mixtral": (T.MixtralForCausalLM, T.MixtralConfig(num_local_experts=E, num_experts_per_tok=TOPK,
+                                                          **LLAMA_LIKE), PAST + 1, False),
+    }
+    cls, cfg, keys, qk_norm = models[name]
+    kv = [torch.randn(1, KV, PAST, HD) for _ in range(2 * L)]
+    macs = llama_macs(keys, qk_norm, s=1)
+    if name == "mixtral":
+        macs += L * (moe(F, s=1) - 3 * D * F)
+    _check(Decode(cls(cfg)), (_ids(1), *kv), macs)
