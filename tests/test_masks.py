@@ -157,3 +157,29 @@ def test_tril_buffer_built_on_meta_device_from_a_file():
     assert any("bias is lower triangular of ones" in n for n in rep.lowered.program.notes)
     rep = solbound.analyze_source(os.path.join(PROG, "causal_mingpt.py"), validate=True)
     assert rep.validation["status"] == "passed"
+
+
+def test_what_is_counted_dense_is_said_and_nothing_else():
+    b, h, s, d = 1, 2, 16, 8
+    q, k, v = _qkv(b, h, s, d)
+
+    class Docs(nn.Module):
+        """Block-diagonal documents of 4 tokens: known before the run, not an affine region."""
+
+        def forward(self, q, k, v):
+            doc = torch.arange(q.shape[-2], device=q.device) // 4
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=doc[:, None] == doc[None, :])
+
+    class Bias(nn.Module):
+        def forward(self, q, k, v, bias):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    rep = solbound.analyze(Docs(), (q, k, v), validate=True)
+    assert rep.counts.macs == b * h * s * s * 2 * d and rep.validation["status"] == "passed"
+    notes = [n for n in rep.lowered.program.notes if "counted dense" in n]
+    assert len(notes) == 1 and "not an affine region" in notes[0]
+    rep = solbound.analyze(Bias(), (q, k, v, torch.randn(s, s)))
+    notes = [n for n in rep.lowered.program.notes if "counted dense" in n]
+    # the additive bias is named; q, k and v are not masks
+    assert len(notes) == 1 and "known only at run time" in notes[0]
+    assert notes[0] in rep.to_dict()["assumptions"]

@@ -72,9 +72,16 @@ def data_free(p: Program, limit: int = FOLD_LIMIT) -> list[str]:
 
 def fold(p: Program, limit: int = FOLD_LIMIT) -> dict[str, object]:
     """Facts (over coordinates ``x0, x1, ...``) of the program's data-free tensors."""
+    return fold_report(p, limit)[0]
+
+
+def fold_report(p: Program, limit: int = FOLD_LIMIT) -> tuple[dict[str, object], list[str]]:
+    """(facts, masks): the facts of the data-free tensors, and the boolean data-free tensors
+    that no fact describes (a mask known before the run that is not an affine region, such
+    as a block-diagonal document mask: what it masks is counted dense)."""
     names = data_free(p, limit)
     if not names:
-        return {}
+        return {}, []
     keep = set(names)
     kernels = tuple(k for k in p.kernels if set(k.outputs) <= keep)
     sub = Program(tuple(t for t in p.tensors if t.name in keep), kernels)
@@ -82,13 +89,15 @@ def fold(p: Program, limit: int = FOLD_LIMIT) -> dict[str, object]:
         with np.errstate(all="ignore"):     # log(0) in relative-position buckets, ...
             arrays = execute(sub, {})
     except ExecutionError:
-        return {}
-    facts = {}
+        return {}, []
+    facts, dense = {}, []
     for t in names:
         f = describe(arrays[t])
         if f is not None:
             facts[t] = f
-    return facts
+        elif arrays[t].dtype == np.bool_:
+            dense.append(t)
+    return facts, dense
 
 
 def _py(v):
@@ -168,4 +177,4 @@ def _atoms(mask: np.ndarray) -> tuple[Atom, ...] | None:
     return tuple(atoms)
 
 
-__all__ = ["fold", "describe", "data_free", "FOLD_LIMIT"]
+__all__ = ["fold", "fold_report", "describe", "data_free", "FOLD_LIMIT"]

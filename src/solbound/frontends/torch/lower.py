@@ -27,7 +27,7 @@ from ...ir.affine import Aff, Atom, Guard
 from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl, accesses,
                          loop_segments, subst_expr)
 from ...ir.demand import restrict_to_demand, restrict_to_support
-from ...ir.fold import fold
+from ...ir.fold import fold_report
 from ...ir.known import propagate_known, seed_from_structure
 from ...ir.text import RESERVED
 
@@ -507,7 +507,12 @@ class Lowering:
         # masks built from indices (and constant triangular buffers) become guards
         seeds = {name: _support_fact(atoms) for name, atoms in support.items()}
         seeds.update(self._state_seeds(state, program))
-        folded = fold(Program(program.tensors, tuple(kernels), program.notes))
+        folded, dense_masks = fold_report(Program(program.tensors, tuple(kernels), program.notes))
+        for t in dense_masks:
+            w = next((k for k in kernels if k.out == t), None)
+            src = f" ({w.opname or w.op}, {w.src})" if w is not None and w.src else ""
+            self.notes.append(f"assumption: mask {t}{src} is known before the run but is not an "
+                              f"affine region: the work it masks is counted dense")
         kernels = propagate_known(kernels, {t.name: t.shape for t in program.tensors}, seeds,
                                   folded)
         program = _prune(Program(program.tensors, tuple(kernels), program.notes))
@@ -561,13 +566,13 @@ class Lowering:
 
     def _runtime_mask_notes(self, program: Program) -> None:
         """Name the inputs that may mask work but whose values only the run knows."""
-        contraction_operands = {a.tensor for k in program.kernels if k.unit
-                                for a in accesses(k.body)}
+        # an additive mask: an input combined, in one kernel, with attention scores
+        scores = {k.out for k in program.kernels if k.unit == "attention"}
         for t in program.by_role("input"):
-            in_attention = any("attention" in k.opname and t.name not in contraction_operands
-                               and any(a.tensor == t.name for a in accesses(k.body))
-                               for k in program.kernels)
-            if t.dtype == "bool" or in_attention:
+            with_scores = any({a.tensor for a in accesses(k.body)} >= {t.name} and
+                              {a.tensor for a in accesses(k.body)} & scores
+                              for k in program.kernels)
+            if t.dtype == "bool" or with_scores:
                 self.notes.append(f"assumption: input {t.name} is known only at run time: work it "
                               f"may mask is counted dense (a mask built from indices in "
                               f"forward, is_causal, or a constant buffer would be skipped)")
