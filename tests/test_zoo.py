@@ -271,3 +271,12 @@ def test_decoder_llms_decode_one_token(name):
     if name == "mixtral":
         macs += L * (moe(F, s=1) - 3 * D * F)
     _check(Decode(cls(cfg)), (_ids(1), *kv), macs)
+
+
+def test_gpt2_decode_one_token():
+    torch.manual_seed(0)
+    cfg = T.GPT2Config(n_layer=L, n_embd=D, n_head=H, vocab_size=V, n_positions=64,
+                       bos_token_id=0, eos_token_id=0)
+    kv = [torch.randn(1, H, PAST, HD) for _ in range(2 * L)]
+    per_layer = D * 3 * D + D * D + 2 * D * 4 * D + attn(PAST + 1) + 2 * D
+    _check(Decode(T.GPT2LMHeadModel(cfg)), (_ids(1), *kv), L * per_layer + D + D * V)
