@@ -48,3 +48,46 @@ def test_version_and_python_m():
     out = subprocess.run([sys.executable, "-m", "solbound", "--version"], capture_output=True,
                          text=True)
     assert out.returncode == 0 and out.stdout.strip() == f"solbound {solbound.__version__}"
+
+
+SIBLING = """import torch, torch.nn as nn
+from helper_mod_{tag} import block
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.b = block()
+    def forward(self, x):
+        return self.b(x)
+def get_inputs():
+    return [torch.randn(2, 4)]
+def get_init_inputs():
+    return []
+def factory():
+    return Model(), get_inputs()
+"""
+
+
+def test_sibling_imports_and_factories_from_the_current_directory(tmp_path):
+    tag = tmp_path.name.replace("-", "_")
+    (tmp_path / f"helper_mod_{tag}.py").write_text("import torch.nn as nn\n"
+                                                     "def block():\n    return nn.Linear(4, 4)\n")
+    (tmp_path / f"prog_{tag}.py").write_text(SIBLING.format(tag=tag))
+    # a file importing its sibling, run from elsewhere
+    r = subprocess.run([sys.executable, "-m", "solbound", "analyze", str(tmp_path / f"prog_{tag}.py"),
+                        "-q", "--arch", "h100-sxm"], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0, r.stderr
+    # -q: one line, the counts and each chip's fused bound
+    assert r.stdout.strip().count("\n") == 0 and "32 MACs" in r.stdout and "h100-sxm" in r.stdout
+    # pkg.module:factory from the current directory
+    r = subprocess.run([sys.executable, "-m", "solbound", "analyze", f"prog_{tag}:factory", "-q"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0 and "32 MACs" in r.stdout, r.stderr
+
+
+def test_user_text_is_not_rich_markup(capsys):
+    from rich.console import Console
+    rep = solbound.analyze(nn.Linear(4, 3), torch.randn(2, 4), source="zoo:llama:[bold]x")
+    console = Console(width=200, force_terminal=False, emoji=False)
+    rep.render(console=console)
+    out = capsys.readouterr().out
+    assert "zoo:llama:[bold]x" in out

@@ -30,6 +30,8 @@ def cmd_analyze(a) -> int:
         _write(a.json, rep.to_json())
     if not a.quiet:
         rep.render(top=a.top)
+    elif a.json != "-":
+        print(rep.summary_line())
     if a.validate and rep.validation and rep.validation.get("status") == "failed":
         return 1
     return 0
@@ -118,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--keep-experts-dispatch", action="store_true",
                     help="trace transformers mixture-of-experts layers with their own dispatch "
                          "(by default batched_mm: the same T*k expert evaluations, static sizes)")
-    an.add_argument("-q", "--quiet", action="store_true", help="no terminal tables")
+    an.add_argument("-q", "--quiet", action="store_true",
+                    help="a one-line summary instead of the tables")
     an.set_defaults(fn=cmd_analyze)
 
     ir = sub.add_parser("ir", help="write the loop IR text")

@@ -41,6 +41,16 @@ class Report:
     def unsupported(self):
         return self.lowered.unsupported
 
+    def summary_line(self) -> str:
+        """One line: operators, MACs, fused bytes, each chip's fused bound and what binds."""
+        pc = self.counts
+        parts = [f"{b.arch} {b.seconds * 1e3:.4g} ms ({b.binding_unit if b.bound == 'compute' else 'memory'})"
+                 for b in self.bounds if b.mode == "fused"]
+        extra = f", {len(self.unsupported)} unsupported" if self.unsupported else ""
+        val = f", validation {self.validation.get('status')}" if self.validation else ""
+        return (f"{self.source}: {pc.macs:,} MACs, {pc.fused.bytes:,} B fused; "
+                + "; ".join(parts) + extra + val)
+
     def bound(self, arch: str, mode: str = "fused") -> Bound:
         """The bound on chip ``arch`` (case-insensitive) in fidelity ``mode``."""
         for b in self.bounds:
@@ -156,9 +166,10 @@ class Report:
         from rich.console import Console
         from rich.table import Table
 
-        console = console or Console()
+        from rich.markup import escape as e
+        console = console or Console(emoji=False, highlight=False)
         pc = self.counts
-        console.print(f"[bold]solbound[/bold] {self.source}: {len(pc.groups)} operators, "
+        console.print(f"[bold]solbound[/bold] {e(self.source)}: {len(pc.groups)} operators, "
                       f"{len(self.program.kernels)} kernels")
         console.print(f"  MACs {_si(pc.macs)}   FLOPs {_si(sum(pc.flops.values()))} "
                       f"(matrix {_si(pc.flops['matrix'])}, vector {_si(pc.flops['vector'])}, "
@@ -192,14 +203,14 @@ class Report:
             console.print(f"[red]{len(self.unsupported)} unsupported operator(s); their work is "
                           f"NOT counted:[/red]")
             for u in self.unsupported:
-                console.print(f"  [red]{u.operator}[/red] at {u.source or '?'}: {u.reason}")
+                console.print(f"  [red]{e(u.operator)}[/red] at {e(u.source or '?')}: {e(u.reason)}")
         notes = list(self.program.notes) + [n for b in self.bounds for n in b.notes]
         for n in dict.fromkeys(notes):
-            console.print(f"[yellow]note[/yellow]: {n}")
+            console.print(f"[yellow]note[/yellow]: {e(n)}")
         if self.validation:
             v = self.validation
-            console.print(f"validation: [bold]{v.get('status')}[/bold] "
-                          + (v.get("summary") or v.get("reason") or ""))
+            console.print(f"validation: [bold]{e(str(v.get('status')))}[/bold] "
+                          + e(v.get("summary") or v.get("reason") or ""))
 
 
 def _si(x: float) -> str:

@@ -103,6 +103,10 @@ def _import_file(path: str):
         raise FrontendError(f"{path}: not a Python file")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
+    # as `python file.py` does: the file's own directory is importable (sibling modules)
+    here = os.path.dirname(os.path.abspath(path))
+    if here not in sys.path:
+        sys.path.insert(0, here)
     try:
         spec.loader.exec_module(mod)
     except SyntaxError as e:
@@ -232,6 +236,8 @@ def load_problem(spec: str) -> Problem:
     if ":" not in spec:
         raise FrontendError(f"{spec}: expected FILE.py or pkg.module:factory")
     modname, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())     # as `python -m` does: the current directory
     try:
         mod = importlib.import_module(modname)
     except Exception as e:  # noqa: BLE001
