@@ -91,3 +91,31 @@ def test_user_text_is_not_rich_markup(capsys):
     rep.render(console=console)
     out = capsys.readouterr().out
     assert "zoo:llama:[bold]x" in out
+
+
+def test_validation_statuses_that_prove_nothing_are_not_passes():
+    import json
+
+    class ZeroHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 3)
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
+
+        def forward(self, x):
+            return self.head(torch.relu(x))
+    rep = solbound.analyze(ZeroHead(), torch.randn(2, 4), validate=True)
+    assert rep.validation["status"] == "inconclusive" and "constant" in rep.validation["reason"]
+    # an unsupported operator: skipped, with the operator named
+    from helpers import Fn
+    rep = solbound.analyze(Fn(lambda s, x: torch.fft.fft(x).real), torch.randn(8), validate=True)
+    assert rep.validation["status"] == "skipped" and "fft" in rep.validation["reason"]
+    # a meta-device module has no values to run
+    with torch.device("meta"):
+        m, x = nn.Linear(4, 3), torch.randn(2, 4)
+    rep = solbound.analyze(m, x, validate=True)
+    assert rep.validation["status"] == "skipped" and "meta" in rep.validation["reason"]
+    # the attribute is what the JSON says, validated or not
+    rep = solbound.analyze(nn.Linear(4, 3), torch.randn(2, 4))
+    assert rep.validation == json.loads(rep.to_json())["validation"] == {"status": "not requested"}

@@ -103,3 +103,22 @@ def test_catalog_has_the_required_chips_with_sources():
         assert s.bandwidth > 0 and s.source("dram.bandwidth")
         for k in s.peaks:
             assert s.source(k), (s.id, k)
+
+
+def test_strict_exits_3_when_work_is_uncounted(capsys):
+    assert main(["analyze", os.path.join(PROG, "unsupported_op.py"), "-q", "--strict"]) == 3
+    assert "left uncounted" in capsys.readouterr().err
+    assert main(["analyze", os.path.join(PROG, "small_convnet.py"), "-q", "--strict"]) == 0
+
+
+def test_an_internal_failure_is_named_as_a_bug_with_its_own_exit_code(monkeypatch, capsys):
+    import solbound.api
+
+    def broken(*a, **k):
+        raise ValueError("something inside went wrong")
+    monkeypatch.setattr(solbound.api, "analyze_source", broken)
+    assert main(["analyze", os.path.join(PROG, "small_convnet.py"), "-q"]) == 70
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "internal error (a bug in solbound" in err[0]
+    with pytest.raises(ValueError):
+        main(["--debug", "analyze", os.path.join(PROG, "small_convnet.py"), "-q"])

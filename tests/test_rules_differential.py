@@ -41,7 +41,7 @@ UNARY = {
     "clamp_min": lambda x: torch.clamp_min(x, -0.3), "clamp_max": lambda x: torch.clamp_max(x, 0.2),
     "clamp_tensor": lambda x: torch.clamp(x, x.mean(-1, keepdim=True), x.amax(-1, keepdim=True) * 0.5),
     "flip": lambda x: torch.flip(x, (0, -1)), "cumsum_reverse": lambda x: x.flip(-1).cumsum(-1).flip(-1),
-    "logit": lambda x: torch.logit(torch.sigmoid(x)), "isnan": lambda x: torch.isnan(x).float(),
+    "logit": lambda x: torch.logit(torch.sigmoid(x)), "isnan": lambda x: torch.isnan(torch.sqrt(x)).float(),
     "square": torch.square, "pow3": lambda x: x ** 3, "pow_half": lambda x: pos(x) ** 0.5,
     "pow_neg1": lambda x: pos(x) ** -1, "pow_frac": lambda x: pos(x) ** 1.7,
     "rsub": lambda x: 1.0 - x, "to_half": lambda x: x.to(torch.float64).float(),

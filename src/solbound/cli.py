@@ -32,9 +32,13 @@ def cmd_analyze(a) -> int:
         rep.render(top=a.top)
     elif a.json != "-":
         print(rep.summary_line())
-    if a.validate and rep.validation and rep.validation.get("status") == "failed":
-        return 1
-    return 0
+    if a.validate and rep.validation.get("status") == "failed":
+        return EXIT_VALIDATION_FAILED
+    if a.strict and rep.unsupported:
+        print(f"solbound: --strict: {len(rep.unsupported)} operator(s) left uncounted: "
+              + ", ".join(sorted({u.operator for u in rep.unsupported})), file=sys.stderr)
+        return EXIT_UNCOUNTED
+    return EXIT_OK
 
 
 def _vopts(a) -> dict:
@@ -106,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Speed-of-light bounds for PyTorch programs")
     from . import __version__
     p.add_argument("--version", action="version", version=f"solbound {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     sub = p.add_subparsers(dest="cmd", required=True)
     an = sub.add_parser("analyze", help="count and bound a program")
     _common(an)
@@ -120,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--keep-experts-dispatch", action="store_true",
                     help="trace transformers mixture-of-experts layers with their own dispatch "
                          "(by default batched_mm: the same T*k expert evaluations, static sizes)")
+    an.add_argument("--strict", action="store_true",
+                    help="exit 3 when any work is left uncounted (unsupported operators)")
     an.add_argument("-q", "--quiet", action="store_true",
                     help="a one-line summary instead of the tables")
     an.set_defaults(fn=cmd_analyze)
@@ -162,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# exit codes (documented in the README)
+EXIT_OK, EXIT_VALIDATION_FAILED, EXIT_BAD_INPUT, EXIT_UNCOUNTED, EXIT_INTERNAL = 0, 1, 2, 3, 70
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .frontends.torch.capture import FrontendError
@@ -174,6 +185,19 @@ def main(argv: list[str] | None = None) -> int:
         return _err(str(e))
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - no input ever ends in a traceback
+        if args.debug:
+            raise
+        import traceback
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f"{os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else "?"
+        msg = str(e).strip().splitlines()
+        print(f"solbound: internal error (a bug in solbound, please report it): "
+              f"{type(e).__name__}: {msg[0] if msg else ''} at {where}; --debug shows the "
+              f"traceback", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":
