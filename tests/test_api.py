@@ -119,3 +119,38 @@ def test_validation_statuses_that_prove_nothing_are_not_passes():
     # the attribute is what the JSON says, validated or not
     rep = solbound.analyze(nn.Linear(4, 3), torch.randn(2, 4))
     assert rep.validation == json.loads(rep.to_json())["validation"] == {"status": "not requested"}
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        return self.act(self.q(x))
+
+
+class _Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([_Block(), _Block()])
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        for b in self.layers:
+            x = b(x)
+        return self.head(x).sum()
+
+
+def test_operators_carry_the_users_module_paths_and_roll_up_per_module():
+    import json
+    rep = solbound.analyze(_Stack(), torch.randn(4, 8), arch="h100-sxm")
+    d = json.loads(rep.to_json())
+    mods = {o["module"] for o in d["operators"]}
+    assert {"layers.0.q", "layers.1.q", "layers.0.act", "layers.1.act", "head"} <= mods
+    top = {r["module"]: r for r in rep.by_module(depth=1)}
+    assert set(top) == {"layers", "head", "(top level)"}
+    assert top["layers"]["macs"] == 2 * 4 * 8 * 8 and top["head"]["macs"] == 4 * 8 * 2
+    assert sum(r["flops"] for r in top.values()) == d["totals"]["flops"]
+    assert sum(r["macs"] for r in d["modules"]) == d["totals"]["macs"]

@@ -30,6 +30,8 @@ def cmd_analyze(a) -> int:
         _write(a.json, rep.to_json())
     if not a.quiet:
         rep.render(top=a.top)
+        if a.by_module is not None:
+            rep.render_modules(a.by_module or None)
     elif a.json != "-":
         print(rep.summary_line())
     if a.validate and rep.validation.get("status") == "failed":
@@ -125,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--keep-experts-dispatch", action="store_true",
                     help="trace transformers mixture-of-experts layers with their own dispatch "
                          "(by default batched_mm: the same T*k expert evaluations, static sizes)")
+    an.add_argument("--by-module", nargs="?", type=int, const=0, default=None, metavar="DEPTH",
+                    help="roll time, FLOPs and bytes up per module (path cut at DEPTH)")
     an.add_argument("--strict", action="store_true",
                     help="exit 3 when any work is left uncounted (unsupported operators)")
     an.add_argument("-q", "--quiet", action="store_true",

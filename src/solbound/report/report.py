@@ -42,6 +42,43 @@ class Report:
     def unsupported(self):
         return self.lowered.unsupported
 
+    def module_of(self, op: str) -> str:
+        """The module path a framework operator belongs to (``""``: the top level)."""
+        return (getattr(self.lowered, "groups", {}) or {}).get(op, {}).get("module", "")
+
+    def by_module(self, depth: int | None = None, arch: str | None = None) -> list[dict]:
+        """Time (unfused, per operator on ``arch``, default the first chip), FLOPs, MACs and
+        unfused bytes rolled up per module path cut at ``depth`` components (None: full
+        path), like fvcore's and FlopCounterMode's per-module tables; largest time first."""
+        spec = next((s for s in self.specs if arch is None or s.id == arch.lower()), None)
+        times = group_seconds(self.counts, spec, self.policy) if spec else None
+        rows: dict[str, dict] = {}
+        for i, g in enumerate(self.counts.groups):
+            path = self.module_of(g.op)
+            key = ".".join(path.split(".")[:depth]) if depth and path else path
+            r = rows.setdefault(key, {"module": key or "(top level)", "operators": 0,
+                                      "seconds": 0.0, "macs": 0, "flops": 0, "bytes_unfused": 0})
+            r["operators"] += 1
+            r["seconds"] += times[i][0] if times else 0.0
+            r["macs"] += g.macs
+            r["flops"] += sum(g.flops.values())
+            r["bytes_unfused"] += g.traffic.bytes
+        return sorted(rows.values(), key=lambda r: (-r["seconds"], r["module"]))
+
+    def render_modules(self, depth: int | None = None, console=None) -> None:
+        from rich.console import Console
+        from rich.markup import escape as e
+        from rich.table import Table
+        console = console or Console(emoji=False, highlight=False)
+        arch = self.specs[0].id if self.specs else "-"
+        t = Table(title=f"Per module (depth {depth or 'full'}), unfused time on {arch}")
+        for col in ("module", "operators", "time", "MACs", "FLOPs", "bytes"):
+            t.add_column(col, justify="left" if col == "module" else "right")
+        for r in self.by_module(depth):
+            t.add_row(e(r["module"]), str(r["operators"]), _t(r["seconds"]), _si(r["macs"]),
+                      _si(r["flops"]), _si(r["bytes_unfused"]) + "B")
+        console.print(t)
+
     def summary_line(self) -> str:
         """One line: operators, MACs, fused bytes, each chip's fused bound and what binds."""
         pc = self.counts
@@ -108,10 +145,13 @@ class Report:
                           for k, v in sorted(s.peaks.items())},
             } for s in self.specs],
             "operators": [{
-                "op": g.op, "name": g.opname, "source": g.src, "kernels": len(g.kernels),
+                "op": g.op, "name": g.opname, "module": self.module_of(g.op), "source": g.src,
+                "kernels": len(g.kernels),
                 "macs": g.macs, "flops": sum(g.flops.values()), "flops_by_unit": g.flops,
                 "bytes_unfused": g.traffic.bytes,
             } for g in pc.groups],
+            # per module (full path), time unfused on the first chip: what fvcore shows
+            "modules": self.by_module(),
             "kernels": [{
                 "name": k.name, "op": k.op, "kind": k.kind, "einsum": k.einsum,
                 "extents": dict(self.program.kernels[i].dims), "points": k.points,
@@ -192,12 +232,13 @@ class Report:
             times = group_seconds(pc, spec, self.policy)
             order = sorted(range(len(pc.groups)), key=lambda i: -times[i][0])[:top]
             tt = Table(title=f"Top operators by unfused time on {spec.id}")
-            for col in ("operator", "source", "time", "bound", "FLOPs", "bytes"):
+            for col in ("operator", "module", "source", "time", "bound", "FLOPs", "bytes"):
                 tt.add_column(col)
             for i in order:
                 g = pc.groups[i]
                 tm, c, m = times[i]
-                tt.add_row(f"{g.op} ({g.opname})", g.src or "-", _t(tm),
+                tt.add_row(e(f"{g.op} ({g.opname})"), e(self.module_of(g.op) or "-"),
+                           e(g.src or "-"), _t(tm),
                            "compute" if c >= m else "memory", _si(sum(g.flops.values())),
                            _si(g.traffic.bytes) + "B")
             console.print(tt)

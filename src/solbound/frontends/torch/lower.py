@@ -610,7 +610,7 @@ class Lowering:
         self._cur_group = self._group_of(node)
         gid, gname, src = self._cur_group
         self.node_src[node.name] = src
-        self.groups.setdefault(gid, {"name": gname, "src": src})
+        self.groups.setdefault(gid, {"name": gname, "src": src, "module": _module_of(node)})
         fn = find_rule(target)
         reason = "no lowering rule"
         if fn is not None:
@@ -708,6 +708,16 @@ class Lowering:
                                       list(target.index), body).with_(op=w.op, opname=w.opname,
                                                                       src=w.src))
         return out
+
+
+def _module_of(node: torch.fx.Node) -> str:
+    """The user's module path of a node (``encoder.layer.3.attention.self.query``), from
+    torch.export's module stack; ``""`` at the top level."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return path if isinstance(path, str) else ""
 
 
 def _flat_views(v) -> list[View]:
