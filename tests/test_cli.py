@@ -51,6 +51,7 @@ def test_factory_entry_point(capsys):
     ("bad_import.py", "does not import"),
     ("trace_fails.py", "data-dependent control flow or size at trace_fails.py:7 (if x.sum() > 0:"),
     ("missing_file.py", "no such file"),
+    ("data_size.py", "aten.slice.Tensor at data_size.py:12 has a size that depends on tensor values"),
 ])
 def test_bad_inputs_exit_nonzero_with_one_line(name, needle):
     r = subprocess.run([sys.executable, "-m", "solbound.cli", "analyze", os.path.join(PROG, name), "-q"],

@@ -634,6 +634,10 @@ class Lowering:
                     reason = str(e)
                 except (NotImplementedError, ValueError, TypeError, KeyError, IndexError) as e:
                     reason = f"{type(e).__name__}: {e}"
+                except Exception as e:  # noqa: BLE001 - e.g. a size known only at run time
+                    first = (str(e).strip().splitlines() or [""])[0]
+                    reason = (f"data-dependent size ({first[:160]})" if "data-dependent" in first
+                              else f"{type(e).__name__}: {first[:200]}")
                 finally:
                     self.allow_flat = False
                 self._undo(*mark)
@@ -656,8 +660,15 @@ class Lowering:
                     self.tensors[v.base] = TensorDecl(decl.name, decl.shape, decl.dtype, "output")
         for i, v in enumerate(vals):
             if isinstance(v, torch.Tensor):
+                try:
+                    shape = tuple(int(s) for s in v.shape)
+                except Exception:  # noqa: BLE001 - a symbolic size torch could not resolve
+                    raise LoweringError(
+                        f"{opname} at {src or 'unknown source'} has a size that depends on tensor "
+                        f"values ({', '.join(map(str, v.shape))}): the analysis needs static "
+                        f"sizes") from None
                 out = self.new_base(f"{node.name}_unsupported" + (f"_{i}" if len(vals) > 1 else ""),
-                                    tuple(int(s) for s in v.shape), TORCH_DTYPES[v.dtype], "input")
+                                    shape, TORCH_DTYPES[v.dtype], "input")
                 self.notes.append(f"{out.base} is produced by unsupported {opname} "
                                   f"({src or 'unknown source'}): treated as a program input, "
                                   f"its work is not counted")
