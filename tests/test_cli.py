@@ -123,3 +123,12 @@ def test_an_internal_failure_is_named_as_a_bug_with_its_own_exit_code(monkeypatc
     assert len(err) == 1 and "internal error (a bug in solbound" in err[0]
     with pytest.raises(ValueError):
         main(["--debug", "analyze", os.path.join(PROG, "small_convnet.py"), "-q"])
+
+
+def test_explain_an_operator_shows_all_its_kernels(capsys):
+    src = os.path.join(HERE, "..", "examples", "mlp_block.py")
+    assert main(["explain", src, "linear"]) == 0
+    out = capsys.readouterr().out
+    # linear = a matmul kernel and its bias add, and the operator's total
+    assert out.count("einsum") == 2 and "operator linear (aten.linear, up," in out
+    assert main(["explain", src, "nope"]) == 2

@@ -176,32 +176,51 @@ class Report:
 
     # --- explain ----------------------------------------------------------------------
     def explain(self, kernel: str, arch: str | None = None) -> str:
+        """How a kernel's numbers were derived; an operator name (``linear``, or the ATen name
+        ``aten.linear``) explains every kernel of that operator, with the operator's total."""
         pc = self.counts
         spec = self.specs[0] if arch is None else next(s for s in self.specs if s.id == arch)
-        for i, k in enumerate(pc.kernels):
-            if k.name == kernel or k.op == kernel:
-                ir = self.program.kernels[i]
-                from ..ir.text import print_kernel
-                lines = [print_kernel(ir), "",
-                         f"einsum      {k.einsum}",
-                         f"kind        {k.kind}",
-                         f"extents     {dict(ir.dims)}" + (f"  guard: {len(ir.guard)} atom(s)" if ir.guard else ""),
-                         f"|I|         {k.points:,} points (exact count of the guarded loop nest)",
-                         f"per point   {k.ops_per_point}  -> FLOPs {k.flops}",
-                         f"MACs        {k.macs:,}"]
-                for pipe, n in kernel_pipe_work(k, self.policy).items():
-                    used, peak, note = resolve_peak(spec, pipe)
-                    lines.append(f"pipe        {n:,.0f} ops on {used} @ {peak:.4g}/s "
-                                 f"= {n / peak:.4g} s on {spec.id}" + (f" ({note})" if note else ""))
-                for t, lst in k.reads.items():
-                    for _, fp in lst:
-                        lines.append(f"read        {t}: {fp.elements:,} elements"
-                                     + ("" if fp.exact else " (approximate)")
-                                     + (f" [{fp.note}]" if fp.note else ""))
-                for t, fp in k.writes.items():
-                    lines.append(f"write       {t}: {fp.elements:,} elements")
-                return "\n".join(lines)
-        raise KeyError(f"no kernel or operator named {kernel!r}")
+        # a kernel or an operator id first (``linear_1``); else every operator of that ATen
+        # name (``aten.layer_norm`` or ``layer_norm``)
+        hits = [i for i, k in enumerate(pc.kernels) if kernel in (k.name, k.op)] or \
+            [i for i, k in enumerate(pc.kernels) if kernel in (k.opname, k.opname.replace("aten.", ""))]
+        if not hits:
+            raise KeyError(f"no kernel or operator named {kernel!r} (solbound explain FILE lists "
+                           f"them)")
+        parts = [self._explain_kernel(i, spec) for i in hits]
+        if len(hits) > 1:
+            ops = sorted({pc.kernels[i].op for i in hits})
+            for g in pc.groups:
+                if g.op in ops:
+                    parts.append(f"operator {g.op} ({g.opname}, {self.module_of(g.op) or 'top level'}, "
+                                 f"{g.src or '?'}): {len(g.kernels)} kernels, {g.macs:,} MACs, "
+                                 f"{sum(g.flops.values()):,} FLOPs, {g.traffic.bytes:,} bytes unfused")
+        return "\n\n".join(parts)
+
+    def _explain_kernel(self, i: int, spec) -> str:
+        pc = self.counts
+        k = pc.kernels[i]
+        ir = self.program.kernels[i]
+        from ..ir.text import print_kernel
+        lines = [print_kernel(ir), "",
+                 f"einsum      {k.einsum}",
+                 f"kind        {k.kind}",
+                 f"extents     {dict(ir.dims)}" + (f"  guard: {len(ir.guard)} atom(s)" if ir.guard else ""),
+                 f"|I|         {k.points:,} points (exact count of the guarded loop nest)",
+                 f"per point   {k.ops_per_point}  -> FLOPs {k.flops}",
+                 f"MACs        {k.macs:,}"]
+        for pipe, n in kernel_pipe_work(k, self.policy).items():
+            used, peak, note = resolve_peak(spec, pipe)
+            lines.append(f"pipe        {n:,.0f} ops on {used} @ {peak:.4g}/s "
+                         f"= {n / peak:.4g} s on {spec.id}" + (f" ({note})" if note else ""))
+        for t, lst in k.reads.items():
+            for _, fp in lst:
+                lines.append(f"read        {t}: {fp.elements:,} elements"
+                             + ("" if fp.exact else " (approximate)")
+                             + (f" [{fp.note}]" if fp.note else ""))
+        for t, fp in k.writes.items():
+            lines.append(f"write       {t}: {fp.elements:,} elements")
+        return "\n".join(lines)
 
     # --- terminal ---------------------------------------------------------------------
     def render(self, console=None, top: int = 8) -> None:
