@@ -35,26 +35,23 @@ def causal(s):
     return s * (s + 1) // 2
 
 
-def llama_prefill(tokens):
+def llama_8b():
+    """The Llama-3-8B configuration, bf16, built on the meta device (nothing allocated)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=H,
                       num_key_value_heads=KV, intermediate_size=F, vocab_size=V,
                       max_position_embeddings=8192)
     with torch.device("meta"):
-        m = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+        return LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
 
-    class LM(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
 
-        def forward(self, ids):
-            return self.m(input_ids=ids, use_cache=False).logits
+def llama_prefill(tokens):
+    from programs.hf import LM
     ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
     t = tokens
     per_layer = (2 * t * D * H * HD + 2 * t * D * KV * HD + 3 * t * D * F
                  + 2 * H * HD * causal(t) + 2 * t * D)
-    return LM(m), (ids,), LAYERS * per_layer + t * D + t * D * V
+    return LM(llama_8b()), (ids,), LAYERS * per_layer + t * D + t * D * V
 
 
 def llama_decode(context):
@@ -83,29 +80,13 @@ def llama_decode(context):
 def llama_decode_transformers(context):
     """transformers' LlamaForCausalLM, one token against ``context - 1`` cached positions
     (a DynamicCache filled from the past keys and values, which are program inputs)."""
-    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=H,
-                      num_key_value_heads=KV, intermediate_size=F, vocab_size=V,
-                      max_position_embeddings=8192)
-    with torch.device("meta"):
-        m = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-
-    class Decode(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids, *kv):
-            cache = DynamicCache(config=self.m.config)
-            for i in range(0, len(kv), 2):
-                cache.update(kv[i], kv[i + 1], i // 2)
-            return self.m(input_ids=ids, past_key_values=cache, use_cache=True).logits
+    from programs.hf import Decode
     past = context - 1
     kv = [torch.zeros(1, KV, past, HD, dtype=torch.bfloat16, device="meta")
           for _ in range(2 * LAYERS)]
     ids = torch.zeros(1, 1, dtype=torch.long, device="meta")
     per_layer = 2 * D * H * HD + 2 * D * KV * HD + 3 * D * F + 2 * H * HD * context + 2 * D
-    return Decode(m), (ids, *kv), LAYERS * per_layer + D + D * V
+    return Decode(llama_8b()), (ids, *kv), LAYERS * per_layer + D + D * V
 
 
 MODELS = {"llama3-8b-prefill": llama_prefill, "llama3-8b-decode": llama_decode,

@@ -13,6 +13,8 @@ import solbound
 
 T = pytest.importorskip("transformers")
 
+from programs.hf import LM, Decode  # noqa: E402  (after the skip: it needs transformers)
+
 L, D, H, HD, KV, F, V = 2, 64, 4, 16, 2, 128, 128      # layers, width, heads, head dim, kv heads, ffn, vocab
 S = 16                                                # prefill tokens
 DEC = 8                                               # decoder tokens (encoder-decoder models)
@@ -29,15 +31,6 @@ def window(s, w):
 def attn(pairs, heads=H, hd=HD):
     """q.k^T and p.v: one MAC each per (pair, head dim), per head."""
     return 2 * heads * hd * pairs
-
-
-class LM(torch.nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids):
-        return self.m(input_ids=ids, use_cache=False).logits
 
 
 class Encoder(torch.nn.Module):
@@ -218,21 +211,6 @@ def test_deepseek_v3_mla_and_moe():
     per_layer = mla + scores + 2 * S * D
     mlps = 3 * S * D * F + moe(inter, shared=1)      # layer 0 dense, layer 1 routed + shared
     _check(LM(T.DeepseekV3ForCausalLM(cfg)), (_ids(),), L * per_layer + mlps + S * D + S * D * V)
-
-
-class Decode(torch.nn.Module):
-    """One decode step of a transformers decoder against a cache of ``past`` positions
-    (a DynamicCache filled from the inputs: the past keys and values are program inputs)."""
-
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids, *kv):
-        cache = T.DynamicCache(config=self.m.config)
-        for i in range(0, len(kv), 2):
-            cache.update(kv[i], kv[i + 1], i // 2)
-        return self.m(input_ids=ids, past_key_values=cache, use_cache=True).logits
 
 
 def test_llama_decode_step_exact_macs_and_fused_bytes():

@@ -158,6 +158,10 @@ class Atom:
     def subst(self, mapping: Mapping[str, Aff]) -> "Atom":
         return Atom(self.expr.subst(mapping), self.lo, self.hi)
 
+    def canonical(self) -> "Atom":
+        """One spelling per atom (terms sorted by variable name), so equal atoms compare equal."""
+        return Atom(Aff(tuple(sorted(self.expr.terms)), self.expr.const), self.lo, self.hi)
+
     def __str__(self) -> str:
         s = str(self.expr)
         if self.lo is not None and self.hi is not None:

@@ -31,7 +31,7 @@ sequential loop; atoms its own extents already imply are dropped.
 from __future__ import annotations
 
 from .affine import Aff, Atom
-from .model import Access, Kernel, accesses
+from .model import Access, Kernel, accesses, subst_expr
 
 _X = "x{}"      # tensor-coordinate variables of a region
 
@@ -187,8 +187,8 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
             if (atom.lo is None or lo >= atom.lo) and (atom.hi is None or hi < atom.hi):
                 continue            # implied by the producer's own extents
             new.append(atom)
-        have = {_canon(a) for a in p.guard}
-        new = [a for a in dict.fromkeys(_canon(a) for a in new) if a not in have]
+        have = {a.canonical() for a in p.guard}
+        new = [a for a in dict.fromkeys(a.canonical() for a in new) if a not in have]
         if new:
             p = p.with_(guard=p.guard + tuple(new))
         for d in range(rank):
@@ -200,10 +200,6 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
                 p = _confine_digits(p, p.out_index[d], digits)
         ks[pos] = p
     return ks
-
-
-def _canon(a: Atom) -> Atom:
-    return Atom(Aff(tuple(sorted(a.expr.terms)), a.expr.const), a.lo, a.hi)
 
 
 def _confine_digits(p: Kernel, e: Aff, digits: list) -> Kernel:
@@ -221,8 +217,8 @@ def _confine_digits(p: Kernel, e: Aff, digits: list) -> Kernel:
         hi = max(dg[1][i][1] for dg in digits)
         if lo > lo0 or hi < hi0:
             atoms.append(Atom(Aff.var(v), lo if lo > lo0 else None, hi + 1 if hi < hi0 else None))
-    have = {_canon(a) for a in p.guard}
-    atoms = [a for a in atoms if _canon(a) not in have]
+    have = {a.canonical() for a in p.guard}
+    atoms = [a for a in atoms if a.canonical() not in have]
     return p.with_(guard=p.guard + tuple(atoms)) if atoms else p
 
 
@@ -264,61 +260,8 @@ def _split_by_digits(p: Kernel, v: str, digits: list) -> Kernel:
     guard += tuple(Atom(Aff.var(name), lo if lo > 0 else None, hi + 1 if hi < r - 1 else None)
                    for name, (lo, hi), r in zip(names, hull, radix)
                    if lo > 0 or hi < r - 1)
-    from .model import subst_expr
     return p.with_(dims=tuple(dims), out_index=tuple(a.subst(sub) for a in p.out_index),
                    body=subst_expr(p.body, sub), guard=guard)
 
 
-
-
-
-def restrict_to_support(kernels: list[Kernel], support: dict[str, tuple[Atom, ...]]
-                        ) -> list[Kernel]:
-    """Skip the points of a product where a factor is known to be zero.
-
-    ``support`` maps a tensor to atoms over its coordinates ``x0, x1, ...`` outside
-    which it is zero (an input that ``get_inputs`` builds with ``torch.triu``:
-    ``x1 - x0 >= 0``). In a sum-reduction whose body is a product with that tensor as
-    a factor (a matmul of triangular matrices), points outside contribute nothing; the
-    atoms, written in the kernel's variables through the access index, join its guard.
-
-    >>> from solbound.ir.model import Access, Call
-    >>> i, j, k = Aff.var("i"), Aff.var("j"), Aff.var("k")
-    >>> mm = Kernel("mm", (("i", 4), ("j", 4), ("k", 4)), "t", (i, j),
-    ...             Call("mul", (Access("a", (i, k)), Access("b", (k, j)))), reduce="sum")
-    >>> upper = (Atom(Aff.var("x1") - Aff.var("x0"), 0, None),)
-    >>> [str(a) for a in restrict_to_support([mm], {"a": upper, "b": upper})[0].guard]
-    ['0 <= k - i', '0 <= j - k']
-    """
-    out = []
-    for k in kernels:
-        if k.reduce == "sum" and k.scan is None:
-            new = []
-            for acc in _factors(k.body):
-                for a in support.get(acc.tensor, ()):
-                    if any(isinstance(e, Access) for e in acc.index):
-                        continue
-                    coords = {_X.format(d): e for d, e in enumerate(acc.index)}
-                    e = a.expr.subst(coords)
-                    atom = Atom(e, a.lo, a.hi)
-                    if atom not in k.guard and atom not in new:
-                        new.append(atom)
-            if new:
-                k = k.with_(guard=k.guard + tuple(new))
-        out.append(k)
-    return out
-
-
-def _factors(e) -> list[Access]:
-    """The accesses that multiply the whole of ``e`` (through ``mul`` and casts)."""
-    from .model import Call
-    if isinstance(e, Access):
-        return [e]
-    if isinstance(e, Call) and e.op == "mul":
-        return _factors(e.args[0]) + _factors(e.args[1])
-    if isinstance(e, Call) and e.op.startswith("to_"):
-        return _factors(e.args[0])
-    return []
-
-
-__all__ = ["restrict_to_demand", "restrict_to_support"]
+__all__ = ["restrict_to_demand"]

@@ -34,7 +34,7 @@ import numpy as np
 
 from .affine import Aff, Atom
 from .execute import ExecutionError, execute
-from .known import Cond, Known, Lin, canon
+from .known import Cond, Known, Lin
 from .model import EXTERNAL_ROLES, Call, Program, accesses, walk
 
 # the largest data-free tensor folded (elements); larger ones stay data
@@ -161,7 +161,7 @@ def _atoms(mask: np.ndarray) -> tuple[Atom, ...] | None:
         lo, hi = int(vals.min()), int(vals.max())
         blo, bhi = e.bounds(ext)
         if lo > blo or hi < bhi:
-            atoms.append(canon(Atom(e, lo if lo > blo else None, hi + 1 if hi < bhi else None)))
+            atoms.append(Atom(e, lo if lo > blo else None, hi + 1 if hi < bhi else None).canonical())
     def conj(ats):
         got = np.ones(mask.shape, dtype=bool)
         for at in ats:

@@ -95,7 +95,7 @@ class Lin:
 
 @dataclass(frozen=True)
 class Cond:
-    """``t`` where every atom holds, ``f`` elsewhere (``t``/``f``: Known or UNKNOWN)."""
+    """``t`` where every atom holds, ``f`` elsewhere (``t``/``f``: not a Cond)."""
 
     atoms: tuple[Atom, ...]
     t: object
@@ -107,15 +107,10 @@ def _eq(a, b) -> bool:
     return isinstance(a, Known) and isinstance(b, Known) and a.value == b.value
 
 
-def canon(a: Atom) -> Atom:
-    """One spelling per atom: terms sorted by variable name."""
-    return Atom(Aff(tuple(sorted(a.expr.terms)), a.expr.const), a.lo, a.hi)
-
-
 def _sort_atoms(atoms) -> tuple[Atom, ...]:
     seen: dict[str, Atom] = {}
     for a in atoms:
-        a = canon(a)
+        a = a.canonical()
         seen.setdefault(str(a), a)
     return tuple(seen[k] for k in sorted(seen))
 
@@ -231,9 +226,9 @@ def _concrete(op: str, vals: list):
 
 def _apply(op: str, args: list):
     """The abstract value of ``op(args)`` (no Cond among ``args``)."""
+    if op == "select" and isinstance(args[0], Known):
+        return args[1] if args[0].value else args[2]
     if any(a is NONFINITE for a in args):
-        if op == "select" and isinstance(args[0], Known):
-            return args[1] if args[0].value else args[2]
         return NONFINITE
     if any(isinstance(a, MaskNeg) for a in args):
         return _apply_masked(op, args)
@@ -265,15 +260,8 @@ def _apply(op: str, args: list):
         return Known(math.inf)
     if op == "minimum" and any(_is(a, -math.inf) for a in args):
         return Known(-math.inf)
-    if op == "select":
-        c, x, y = args
-        if isinstance(c, Known):
-            return x if c.value else y
-        if isinstance(x, Known) and isinstance(y, Known) and _eq(x, y):
-            return x
-    if op.startswith("to_") and isinstance(args[0], Known):
-        r = _concrete(op, [args[0].value])
-        return UNKNOWN if r is None else Known(r)
+    if op == "select" and _eq(args[1], args[2]):
+        return args[1]
     return UNKNOWN
 
 
@@ -320,8 +308,6 @@ def _apply_masked(op: str, args: list):
         return args[0]
     if op == "eq" and any(isinstance(a, Known) and a.value in (math.inf, -math.inf) for a in args):
         return Known(False)
-    if op == "select" and isinstance(args[0], Known):
-        return args[1] if args[0].value else args[2]
     return UNKNOWN
 
 
@@ -416,7 +402,7 @@ def _implied(atom: Atom, ext: dict[str, int]) -> bool:
 
 def _new_atoms(k: Kernel, atoms) -> tuple[Atom, ...]:
     ext = k.extents
-    have = {canon(a) for a in k.guard}
+    have = {a.canonical() for a in k.guard}
     return tuple(a for a in _sort_atoms(atoms) if a not in have and not _implied(a, ext))
 
 

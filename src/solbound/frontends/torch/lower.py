@@ -26,9 +26,9 @@ import torch
 from ...ir.affine import Aff, Atom, Guard
 from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl, accesses,
                          loop_segments, subst_expr)
-from ...ir.demand import restrict_to_demand, restrict_to_support
+from ...ir.demand import restrict_to_demand
 from ...ir.fold import fold_report
-from ...ir.known import propagate_known, seed_from_structure
+from ...ir.known import UNKNOWN, Cond, Known, propagate_known, seed_from_structure
 from ...ir.text import RESERVED
 
 TORCH_DTYPES = {
@@ -502,11 +502,14 @@ class Lowering:
                                 f"its flat storage and through a data-dependent index by "
                                 f"{', '.join(users)}: the IR cannot express both") from None
         program = _prune(program)
-        support = self._input_support(inputs, program)
-        kernels = restrict_to_support(list(program.kernels), support)
-        # masks built from indices (and constant triangular buffers) become guards
-        seeds = {name: _support_fact(atoms) for name, atoms in support.items()}
-        seeds.update(self._state_seeds(state, program))
+        kernels = list(program.kernels)
+        # an input built triangular is zero outside its triangle; masks built from indices
+        # and constant triangular buffers: all become guards (products that read a zero
+        # factor skip those points)
+        written = {o for k in kernels for o in k.outputs}
+        seeds = {name: Cond(atoms, UNKNOWN, Known(0))
+                 for name, atoms in self._input_support(inputs, program, written).items()}
+        seeds.update(self._state_seeds(state, program, written))
         folded, dense_masks = fold_report(Program(program.tensors, tuple(kernels), program.notes))
         for t in dense_masks:
             w = next((k for k in kernels if k.out == t), None)
@@ -535,11 +538,11 @@ class Lowering:
         return LoweredProgram(program, self.unsupported, outputs, inputs, state, self.groups,
                               values, self.rules_used, draws, partial)
 
-    def _input_support(self, inputs: list[dict], program: Program) -> dict[str, tuple[Atom, ...]]:
+    def _input_support(self, inputs: list[dict], program: Program,
+                       written: set[str]) -> dict[str, tuple[Atom, ...]]:
         """Zero-outside atoms (over coordinates x0, x1, ...) of inputs built triangular (and
-        not updated in place by the program)."""
+        not updated in place by the program: ``written``)."""
         support = {}
-        written = {o for k in program.kernels for o in k.outputs}
         for spec, st in zip(inputs, self.input_structure):
             name = spec.get("ir")
             if st is None or name is None or name not in program.tensor_map or name in self.flat \
@@ -568,24 +571,27 @@ class Lowering:
         """Name the inputs that may mask work but whose values only the run knows."""
         # an additive mask: an input combined, in one kernel, with attention scores
         scores = {k.out for k in program.kernels if k.unit == "attention"}
+        with_scores = set()
+        for k in program.kernels:
+            reads = {a.tensor for a in accesses(k.body)}
+            if reads & scores:
+                with_scores |= reads
         for t in program.by_role("input"):
-            with_scores = any({a.tensor for a in accesses(k.body)} >= {t.name} and
-                              {a.tensor for a in accesses(k.body)} & scores
-                              for k in program.kernels)
-            if t.dtype == "bool" or with_scores:
+            if t.dtype == "bool" or t.name in with_scores:
                 self.notes.append(f"assumption: input {t.name} is known only at run time: work it "
-                              f"may mask is counted dense (a mask built from indices in "
-                              f"forward, is_causal, or a constant buffer would be skipped)")
+                                  f"may mask is counted dense (a mask built from indices in "
+                                  f"forward, is_causal, or a constant buffer would be skipped)")
 
-    def _state_seeds(self, state: list[dict], program: Program) -> dict:
-        """Facts of constant buffers built triangular (a causal mask made in ``__init__``)."""
+    def _state_seeds(self, state: list[dict], program: Program, written: set[str]) -> dict:
+        """Facts of constant buffers built triangular (a causal mask made in ``__init__``) that
+        the program does not update in place (``written``)."""
         seeds = {}
         tmap = program.tensor_map
         for st in state:
             tag = self.state_structure.get(st["target"])
             name = st["ir"]
             if tag is None or name not in tmap or name in self.flat or len(tmap[name].shape) < 2 \
-                    or any(name in k.outputs for k in program.kernels):
+                    or name in written:
                 continue
             kind, diag, inside = tag
             seeds[name] = seed_from_structure(kind, diag, len(tmap[name].shape), inside)
@@ -813,11 +819,6 @@ def _prune(p: Program) -> Program:
     used = live | {t.name for t in p.tensors if t.role != "intermediate"}
     tensors = tuple(t for t in p.tensors if t.name in used)
     return Program(tensors, tuple(keep), p.notes)
-
-
-def _support_fact(atoms):
-    from ...ir.known import UNKNOWN, Cond, Known
-    return Cond(tuple(atoms), UNKNOWN, Known(0))
 
 
 def lower(ep, user_files: tuple[str, ...] = (), input_structure=(),
