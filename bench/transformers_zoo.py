@@ -1,14 +1,16 @@
 """Transformer zoo at realistic sizes: analyze time, peak memory, MACs against the closed
 form, fused bound per chip and the binding unit.
 
-    python bench/transformers_zoo.py                 # Llama-3-8B prefill 2048 + decode at 4096
+    python bench/transformers_zoo.py                 # every model below
     python bench/transformers_zoo.py --models llama3-8b-prefill --tokens 4096
 
 Models are built from configs on the meta device (random weights are never allocated);
-analysis runs on fake tensors. Prefill uses transformers' LlamaForCausalLM; the decode step
-is the static-KV-cache block of tests/programs/llama_decode.py stacked to 8B sizes
-(transformers' own static-cache export wrapper does not get through torch.export's
-decomposition in torch 2.13; see docs/zoo.md).
+analysis runs on fake tensors. Prefill uses transformers' LlamaForCausalLM; decode steps are
+the static-KV-cache block of tests/programs/llama_decode.py stacked to 8B sizes, transformers
+with a DynamicCache passed in, and transformers with its StaticCache (full at ``context``
+positions, so attention over the whole cache is exact even though the fill counter has no
+value on the meta device). The Mixtral-8x7B prefill keeps transformers' eager expert loop,
+traced under the balanced routing assumption.
 """
 
 from __future__ import annotations
@@ -89,8 +91,43 @@ def llama_decode_transformers(context):
     return Decode(llama_8b()), (ids, *kv), LAYERS * per_layer + D + D * V
 
 
+def llama_decode_static(context):
+    """transformers' LlamaForCausalLM with its StaticCache of ``context`` positions, the
+    first ``context - 1`` filled: one token written in place, attention over the cache."""
+    from programs.hf import StaticDecode
+    m = llama_8b()
+    with torch.device("meta"):
+        mod = StaticDecode(m, context, context - 1)
+    ids = torch.zeros(1, 1, dtype=torch.long, device="meta")
+    per_layer = 2 * D * H * HD + 2 * D * KV * HD + 3 * D * F + 2 * H * HD * context + 2 * D
+    return mod, (ids,), LAYERS * per_layer + D + D * V
+
+
+E, K = 8, 2
+
+
+def mixtral_prefill(tokens):
+    """Mixtral-8x7B (the Llama-like attention above, 8 experts, top-2), its own eager loop
+    over the experts hit: T*k expert evaluations under the balanced routing."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    from programs.hf import LM
+    cfg = MixtralConfig(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=H,
+                        num_key_value_heads=KV, intermediate_size=F, vocab_size=32000,
+                        max_position_embeddings=8192, num_local_experts=E,
+                        num_experts_per_tok=K, experts_implementation="eager")
+    with torch.device("meta"):
+        m = MixtralForCausalLM(cfg).to(torch.bfloat16).eval()
+    ids = torch.zeros(1, tokens, dtype=torch.long, device="meta")
+    t = tokens
+    per_layer = (2 * t * D * H * HD + 2 * t * D * KV * HD + 2 * H * HD * causal(t)
+                 + t * D * E + t * K * 3 * D * F + t * K * D + 2 * t * D)
+    return LM(m), (ids,), LAYERS * per_layer + t * D + t * D * 32000
+
+
 MODELS = {"llama3-8b-prefill": llama_prefill, "llama3-8b-decode": llama_decode,
-          "llama3-8b-decode-transformers": llama_decode_transformers}
+          "llama3-8b-decode-transformers": llama_decode_transformers,
+          "llama3-8b-decode-static": llama_decode_static, "mixtral-8x7b-prefill": mixtral_prefill}
+KEEP_DISPATCH = {"mixtral-8x7b-prefill"}
 
 
 def main() -> None:
@@ -103,7 +140,8 @@ def main() -> None:
         arg = a.tokens if "prefill" in name else a.context
         module, inputs, closed = MODELS[name](arg)
         t0 = time.perf_counter()
-        rep = solbound.analyze(module, inputs, arch=CHIPS)
+        rep = solbound.analyze(module, inputs, arch=CHIPS,
+                               keep_experts_dispatch=name in KEEP_DISPATCH)
         dt = time.perf_counter() - t0
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         print(f"## {name} ({'tokens' if 'prefill' in name else 'context'} {arg})")

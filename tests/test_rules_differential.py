@@ -3,6 +3,8 @@
 compared with PyTorch through the validator.
 """
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -262,6 +264,48 @@ class _IndexCache(nn.Module):
         return self.k[:, :self.pos + t].sum(1) + self.v.sum(1)
 
 
+def _ix(x, n, *shape):
+    """Indices in [0, n) computed from data (repeats included): known only at run time."""
+    return (x.abs() * 7).long().reshape(-1)[:math.prod(shape)].reshape(shape) % n
+
+
+class _RuntimeCache(nn.Module):
+    """A KV cache written at a position the caller passes (index_copy_ at run time)."""
+
+    def __init__(self, n=9):
+        super().__init__()
+        self.register_buffer("k", torch.randn(2, n, 5))
+
+    def forward(self, x):
+        pos = _ix(x, self.k.shape[1], 1)
+        self.k.index_copy_(1, pos, x[:, :1])
+        return self.k.sum(1)
+
+
+# scatters: positions read from a tensor at run time (repeated positions accumulate)
+case("index_add", lambda s, x, y: x.index_add(0, _ix(y, x.shape[0], y.shape[0]), y)
+     + x.index_add(1, _ix(y, x.shape[1], x.shape[1]), x, alpha=0.5),
+     [((5, 4), (7, 4)), ((3, 6), (2, 6))])
+case("scatter_add", lambda s, x, y: x.scatter_add(1, _ix(y, x.shape[1], *y.shape), y),
+     [((5, 4), (5, 3)), ((3, 6), (2, 6))])
+for _r in ("sum", "prod", "amax", "amin"):
+    case(f"scatter_reduce-{_r}", lambda s, x, y, r=_r: x.scatter_reduce(
+        1, _ix(y, x.shape[1], *y.shape), y, r) + x.scatter_reduce(
+        0, _ix(x, y.shape[0], *y.shape), y, r, include_self=False),
+        [((5, 4), (5, 3)), ((3, 6), (2, 6))])
+def _put_runtime(s, x, y):
+    c = x * 1
+    c[_ix(y, x.shape[0], 3), :, _ix(x, x.shape[2], 3)] = \
+        y.reshape(-1)[:3 * x.shape[1]].reshape(3, x.shape[1])
+    return c + torch.index_put(x, (_ix(y, x.shape[0], 2),), y[:2, :1, :1] * 2, accumulate=True)
+
+
+case("index_put-runtime", _put_runtime, [((4, 3, 5), (2, 3, 5)), ((3, 2, 4), (3, 2, 4))])
+case("index_put-mask", lambda s, x: torch.index_put(x, (x > 0.3,), torch.tensor(2.0))
+     + torch.index_put(x, (x[:, 0] > 0,), torch.tensor(-1.0), accumulate=True),
+     [((4, 3),), ((2, 5),)])
+case("index_copy-runtime-position", None, [((2, 1, 5),), ((2, 3, 5),)],
+     {"module": _RuntimeCache})
 case("index_put-known-positions", None, [((2, 1, 5),), ((2, 2, 5),)], {"module": _IndexCache})
 case("slice_scatter-in-place", None, [((2, 1, 5),), ((2, 3, 5),)], {"module": _Cache})
 # the old value is read afterwards: a fresh tensor, copied and overwritten

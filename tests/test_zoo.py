@@ -13,7 +13,7 @@ import solbound
 
 T = pytest.importorskip("transformers")
 
-from programs.hf import LM, Decode  # noqa: E402  (after the skip: it needs transformers)
+from programs.hf import LM, Decode, StaticDecode  # noqa: E402  (after the skip: it needs transformers)
 
 L, D, H, HD, KV, F, V = 2, 64, 4, 16, 2, 128, 128      # layers, width, heads, head dim, kv heads, ffn, vocab
 S = 16                                                # prefill tokens
@@ -192,6 +192,22 @@ def test_keeping_the_sorted_dispatch_reports_what_is_missing():
     assert {"aten.sort", "aten.histc"} <= {u.operator for u in rep.lowered.unsupported}
 
 
+def test_keeping_the_eager_dispatch_traces_it_under_balanced_routing():
+    # transformers' own loop over the experts hit (nonzero, where, index_add_): traced
+    # under the stated balanced routing, the same T*k evaluations, validated against the
+    # model's own loop running under that routing
+    torch.manual_seed(0)
+    cfg = T.MixtralConfig(num_local_experts=E, num_experts_per_tok=TOPK,
+                          experts_implementation="eager", **LLAMA_LIKE)
+    rep = solbound.analyze(LM(T.MixtralForCausalLM(cfg).eval()), (_ids(),),
+                           keep_experts_dispatch=True, validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.macs == llama_macs(causal(S)) + L * (moe(F) - 3 * S * D * F)
+    assert any(a.startswith("assumption: routing is balanced")
+               for a in rep.to_dict()["assumptions"])
+
+
 def test_deepseek_v3_mla_and_moe():
     torch.manual_seed(0)
     q_lora, kv_lora, rope, nope, v_dim, inter = 24, 16, 8, 8, 16, 32
@@ -227,12 +243,50 @@ def test_llama_decode_step_exact_macs_and_fused_bytes():
     assert rep.counts.fused.bytes == 4 * (weights + 2 * L * KV * past * HD + HD // 2 + V) + 8
 
 
+MAX_LEN = 32
+
+
+def test_llama_decode_step_against_a_static_cache():
+    """transformers' StaticCache (preallocated to MAX_LEN positions), written in place at
+    the position its fill counter gives. With the counter's value (stated), attention reads
+    the PAST + 1 rows its mask keeps; the new row is written in place, nothing is copied."""
+    torch.manual_seed(0)
+    past = 20
+    m = T.LlamaForCausalLM(T.LlamaConfig(**LLAMA_LIKE)).eval()
+    rep = _check(StaticDecode(m, MAX_LEN, past), (_ids(1),),
+                 L * (2 * D * H * HD + 2 * D * KV * HD + 3 * D * F + attn(past + 1) + 2 * D)
+                 + D + D * V)
+    caches = [t for t in rep.lowered.program.tensors if t.shape == (1, KV, MAX_LEN, HD)]
+    assert len(caches) == 2 * L
+    # one row per layer written (k and v), the PAST rows before it read; the new row is
+    # read back from chip
+    assert all(rep.counts.fused.writes[t.name] == KV * HD * 4 for t in caches)
+    assert sum(rep.counts.fused.reads[t.name] for t in caches) == 2 * L * KV * past * HD * 4
+    assert sum("holds 20, its value when analyzed" in a
+               for a in rep.to_dict()["assumptions"]) == L          # one counter per layer
+
+
+def test_static_cache_on_meta_counts_the_whole_cache_and_says_so():
+    # on the meta device the fill counter has no value: attention over all MAX_LEN rows
+    with torch.device("meta"):
+        m = T.LlamaForCausalLM(T.LlamaConfig(**LLAMA_LIKE)).eval()
+        mod = StaticDecode(m, MAX_LEN, 20)
+        ids = torch.zeros(1, 1, dtype=torch.long)
+    rep = solbound.analyze(mod, (ids,))
+    assert rep.lowered.unsupported == []
+    assert rep.counts.macs == L * (2 * D * H * HD + 2 * D * KV * HD + 3 * D * F
+                                   + attn(MAX_LEN) + 2 * D) + D + D * V
+    assert any("is known only at run time and a mask" in a for a in rep.to_dict()["assumptions"])
+
+
 PAST = 20
 
 
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
 @pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3", "mixtral"])
-def test_decoder_llms_decode_one_token(name):
-    """One decode step of each decoder LLM against PAST cached positions: projections for one
+def test_decoder_llms_decode_one_token(name, cache):
+    """One decode step of each decoder LLM against PAST cached positions, the cache passed in
+    (DynamicCache) or preallocated and updated in place (StaticCache): projections for one
     token, attention over the positions its mask keeps (all PAST+1, or the window)."""
     torch.manual_seed(0)
     models = {
@@ -244,10 +298,13 @@ def test_decoder_llms_decode_one_token(name):
                                                           **LLAMA_LIKE), PAST + 1, False),
     }
     cls, cfg, keys, qk_norm = models[name]
-    kv = [torch.randn(1, KV, PAST, HD) for _ in range(2 * L)]
     macs = llama_macs(keys, qk_norm, s=1)
     if name == "mixtral":
         macs += L * (moe(F, s=1) - 3 * D * F)
+    if cache == "static":
+        _check(StaticDecode(cls(cfg).eval(), MAX_LEN, PAST), (_ids(1),), macs)
+        return
+    kv = [torch.randn(1, KV, PAST, HD) for _ in range(2 * L)]
     _check(Decode(cls(cfg)), (_ids(1), *kv), macs)
 
 

@@ -19,13 +19,21 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="comma-separated chip ids (see `solbound chips`), 'all', or a spec .toml")
     p.add_argument("--precision-policy", default=None,
                    help="default | tf32 | fp32 | matmul=tf32,conv=fp32,attention=fp32")
+    _routing_arg(p)
+
+
+def _routing_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--routing", choices=("balanced", "concentrated"), default=None,
+                   help="the routing assumed where a mixture-of-experts dispatch sizes tensors "
+                        "or branches on routing decisions: balanced (default; T*k/E tokens per "
+                        "expert) or concentrated (every token picks experts 0..k-1)")
 
 
 def cmd_analyze(a) -> int:
     from .api import analyze_source
     rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
-                         **_vopts(a))
+                         routing=a.routing, **_vopts(a))
     if a.json:
         _write(a.json, rep.to_json())
     if not a.quiet:
@@ -65,7 +73,7 @@ def _write(path: str, text: str) -> None:
 def cmd_ir(a) -> int:
     from .api import analyze_source
     from .ir.text import print_program
-    rep = analyze_source(a.program, arch=None)
+    rep = analyze_source(a.program, arch=None, routing=a.routing)
     text = print_program(rep.program)
     _write(a.output or "-", text)
     if rep.unsupported:
@@ -77,7 +85,8 @@ def cmd_ir(a) -> int:
 
 def cmd_explain(a) -> int:
     from .api import analyze_source
-    rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy)
+    rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
+                         routing=a.routing)
     if not a.kernel:
         for k in rep.counts.kernels:
             print(f"{k.name:40s} {k.op:30s} {k.einsum}")
@@ -138,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     ir = sub.add_parser("ir", help="write the loop IR text")
     ir.add_argument("program")
     ir.add_argument("-o", "--output", help="output file (default stdout)")
+    _routing_arg(ir)
     ir.set_defaults(fn=cmd_ir)
 
     ex = sub.add_parser("explain", help="show how a kernel's numbers were derived")

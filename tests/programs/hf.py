@@ -28,3 +28,25 @@ class Decode(torch.nn.Module):
         for i in range(0, len(kv), 2):
             cache.update(kv[i], kv[i + 1], i // 2)
         return self.m(input_ids=ids, past_key_values=cache, use_cache=True).logits
+
+
+class StaticDecode(torch.nn.Module):
+    """One decode step against transformers' ``StaticCache`` (preallocated to ``max_len``
+    positions, written in place at the cache position), as a served model runs. The
+    position is ``past`` (known to the program) or, with ``runtime_position``, an input."""
+
+    def __init__(self, m, max_len: int, past: int, runtime_position: bool = False):
+        super().__init__()
+        from transformers import StaticCache
+        self.m, self.past, self.runtime = m, past, runtime_position
+        self.cache = StaticCache(config=m.config, max_cache_len=max_len)
+        with torch.no_grad():       # fill positions 0..past-1 (and allocate the cache)
+            g = torch.Generator().manual_seed(1)
+            ids = torch.randint(0, m.config.vocab_size, (1, past), generator=g)
+            m(input_ids=ids, past_key_values=self.cache, cache_position=torch.arange(past),
+              use_cache=True)
+
+    def forward(self, ids, *position):
+        pos = position[0] if self.runtime else torch.arange(self.past, self.past + ids.shape[1])
+        return self.m(input_ids=ids, past_key_values=self.cache, cache_position=pos,
+                      use_cache=True).logits

@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..graph.einsum import MATRIX_UNITS, Einsum, Graph, _strip_cast
-from ..ir.model import (EXTERNAL_ROLES, MATRIX, SCALAR_OPS, SFU_OPS, SPECIAL, VECTOR, Access,
+from ..ir.model import (DRAM_ROLES, EXTERNAL_ROLES, MATRIX, SCALAR_OPS, SFU_OPS, SPECIAL, VECTOR, Access,
                         Call, Kernel, walk)
 from ..ir.affine import Atom
 from .footprint import Footprint, access_footprint, domain_size
@@ -136,14 +136,19 @@ def _is_product(e) -> bool:
 def _sums_of_products(g: Graph, kcs: list[KernelCounts]) -> None:
     """One definition of a MAC: every multiply-add of a sum of products, whether the
     product and the sum are one kernel (``sum(x * x)``) or an elementwise product summed
-    by the next kernel (``(x ** 2).mean()``, ``x ** 2`` being ``x * x``). The sum's points
-    are then MACs (its adds were already counted as FLOPs: a MAC is 2 FLOPs either way)."""
+    by the next kernel (``(x ** 2).mean()``, ``x ** 2`` being ``x * x``), or products added
+    into place by a scatter (``out.index_add_(0, top, w * y)``, a mixture of experts'
+    weighted combine). The sum's points are then MACs (its adds were already counted as
+    FLOPs: a MAC is 2 FLOPs either way)."""
     summed: set[str] = set()
     for i, n in enumerate(g.nodes):
         k = n.kernel
-        if n.kind != "reduction" or k.reduce != "sum" or kcs[i].macs:
+        if n.kind not in ("reduction", "scatter") or k.reduce != "sum" or kcs[i].macs:
             continue
         body = _strip_cast(k.body)
+        if n.kind == "scatter" and _is_product(body):
+            kcs[i].macs = kcs[i].points
+            continue
         if not isinstance(body, Access) or body.indirect:
             continue
         prod = g.producers.get(body.tensor, [])
@@ -188,16 +193,17 @@ def count_kernel(n: Einsum, tensors, origin: dict[str, str] | None = None) -> Ke
             per_point[VECTOR] = per_point.get(VECTOR, 0) + 1
             if k.reduce == "sum" and isinstance(k.body, Call) and k.body.op == "mul":
                 macs = points
-    # footprints: distinct accesses per tensor
+    # footprints: distinct accesses per tensor (none at all when no point runs: an
+    # expert that receives no token reads none of its weights)
     reads: dict[str, list[tuple[tuple, Footprint]]] = defaultdict(list)
-    for acc in n.operands:
+    for acc in (n.operands if points else ()):
         t = tensors[acc.tensor]
         key = _access_key(acc, ext, k.guard)
         if all(key != kk for kk, _ in reads[acc.tensor]):
             reads[acc.tensor].append((key, access_footprint(acc, t.shape, ext, k.guard)))
     reads = dict(reads)
     writes = {}
-    for o in k.outputs:
+    for o in (k.outputs if points else ()):
         t = tensors[o]
         writes[o] = access_footprint(Access(o, k.out_index), t.shape, ext, ())
     return KernelCounts(k.name, k.op or k.name, k.opname, k.src, n.kind, points, macs, flops,
@@ -269,17 +275,20 @@ def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
     """With an infinite on-chip buffer, what the program wrote into DRAM state (a new
     KV-cache row) and then reads back (attention over the cache, new row included) is
     read from chip, not DRAM: subtract the part of each read inside earlier writes'
-    regions (boxes: a slice write's region is one)."""
+    regions (boxes: a slice write's region is one). Rows a scatter wrote (a cache row
+    placed at a run-time position) are taken as read back from chip, up to their number:
+    the bound may only err low."""
     tensors = g.program.tensor_map
     for t in sorted(updated):
         boxes: list[tuple[int, tuple]] = []       # (writer position, box atoms over x_d)
+        scattered = 0                             # elements written at run-time positions
         seen: set = set()
         saved = 0
         for pos, n in enumerate(g.nodes):
             k = n.kernel
             ext = k.count_extents
             for acc in n.operands:
-                if acc.tensor != t or acc.indirect or not boxes:
+                if acc.tensor != t or acc.indirect or not (boxes or scattered):
                     continue
                 key = _access_key(acc, ext, k.guard)
                 if key in seen:
@@ -289,9 +298,14 @@ def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
                 for _, box in boxes:
                     atoms = tuple(Atom(e, lo, hi + 1) for e, (lo, hi) in zip(acc.index, box))
                     saved += access_footprint(acc, shape, ext, k.guard + atoms).elements
+                if scattered:
+                    saved += min(scattered, access_footprint(acc, shape, ext, k.guard).elements)
+            if t in k.outputs and k.out == t and k.scatter:
+                scattered += access_footprint(Access(t, k.out_index), tensors[t].shape,
+                                              ext, ()).elements
             # a write region that is a box (unit-stride or constant coordinates); a strided
             # write (every other row) is not subtracted: its box would overstate it
-            if t in k.outputs and k.out == t and all(
+            if t in k.outputs and k.out == t and not k.scatter and all(
                     len(e.terms) == 0 or (len(e.terms) == 1 and abs(e.terms[0][1]) == 1)
                     for e in k.out_index):
                 boxes.append((pos, tuple(e.bounds(ext) for e in k.out_index)))
@@ -326,7 +340,7 @@ def count_program(g: Graph) -> ProgramCounts:
     all_idx = list(range(len(kcs)))
     # DRAM state updated in place (a KV-cache buffer): its written region is traffic
     updated = {o for n in g.nodes for o in n.kernel.outputs if tensors[o].role in EXTERNAL_ROLES}
-    fused = _traffic(kcs, all_idx, tensors, lambda t: tensors[t].role in EXTERNAL_ROLES,
+    fused = _traffic(kcs, all_idx, tensors, lambda t: tensors[t].role in DRAM_ROLES,
                      lambda t: tensors[t].role == "output" or t in updated)
     if updated:
         _reads_after_writes(g, fused, updated)

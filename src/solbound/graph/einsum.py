@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.model import Access, Call, Kernel, Program, accesses
+from ..ir.model import Access, Call, Kernel, Program, kernel_reads
 
 MATRIX_UNITS = ("matmul", "conv", "attention")
 
@@ -25,7 +25,7 @@ def _strip_cast(e):
 @dataclass(frozen=True)
 class Einsum:
     kernel: Kernel
-    kind: str                      # contraction | map | reduction | scan | argreduce
+    kind: str                      # contraction | map | reduction | scan | argreduce | scatter
     operands: tuple[Access, ...]   # distinct accesses read (nested indirect ones included)
     signature: str                 # e.g. "x[d0,r0] * w[d1,r0] -> y[d0,d1] (sum r0)"
 
@@ -35,6 +35,8 @@ class Einsum:
 
 
 def classify(k: Kernel) -> str:
+    if k.scatter:
+        return "scatter"
     if k.scan is not None:
         return "scan"
     if k.reduce in ("argmax", "argmin"):
@@ -55,6 +57,8 @@ def _sig(k: Kernel, ops: tuple[Access, ...]) -> str:
     lhs = " * ".join(acc(a) for a in ops) if ops else "const"
     out = acc(Access(k.out, k.out_index))
     red = f" ({k.reduce} {','.join(k.reduce_vars)})" if k.reduce_vars else ""
+    if k.scatter:
+        red = f" (scatter{', ' + k.reduce if k.reduce else ''})"
     if k.scan:
         red = f" ({k.reduce}-scan {k.scan})"
     return f"{lhs} -> {out}{red}"
@@ -62,7 +66,7 @@ def _sig(k: Kernel, ops: tuple[Access, ...]) -> str:
 
 def lift(k: Kernel) -> Einsum:
     seen: dict[Access, None] = {}
-    for a in accesses(k.body):
+    for a in kernel_reads(k):
         seen.setdefault(a, None)
     ops = tuple(seen)
     return Einsum(k, classify(k), ops, _sig(k, ops))

@@ -24,7 +24,8 @@ def check_program(p: Program) -> None:
                 if v not in dims:
                     raise IRError(f"{where}: {ctx} uses {v!r}, not a loop dimension")
 
-        for acc in [Access(k.out, k.out_index)] + [x for x in walk(k.body) if isinstance(x, Access)]:
+        target = Access(k.out, k.out_index)
+        for acc in [x for e in (target, k.body) for x in walk(e) if isinstance(x, Access)]:
             if acc.tensor not in tensors:
                 raise IRError(f"{where}: unknown tensor {acc.tensor!r}")
             if len(acc.index) != len(tensors[acc.tensor].shape):
@@ -33,7 +34,16 @@ def check_program(p: Program) -> None:
             for i in acc.index:
                 if isinstance(i, Aff):
                     check_aff(i, f"index of {acc.tensor}")
-        for x in walk(k.body):
+        if k.scatter:
+            if k.guard or k.scan is not None or k.out2 is not None \
+                    or k.reduce not in (None, "sum", "prod", "max", "min"):
+                raise IRError(f"{where}: a scatter (indirect output index) overwrites or "
+                              f"combines with sum/prod/max/min, without guard, scan or second output")
+            if k.out not in written and tensors[k.out].role not in EXTERNAL_ROLES:
+                raise IRError(f"{where}: scatters into {k.out} before any kernel writes it")
+        reads = [x for x in walk(k.body)] + [x for i in k.out_index if isinstance(i, Access)
+                                             for x in walk(i)]
+        for x in reads:
             if isinstance(x, Idx):
                 check_aff(x.expr, "a value")
             if isinstance(x, Access) and x.tensor not in written \

@@ -31,7 +31,7 @@ sequential loop; atoms its own extents already imply are dropped.
 from __future__ import annotations
 
 from .affine import Aff, Atom
-from .model import Access, Kernel, accesses, subst_expr
+from .model import Access, Kernel, kernel_reads, subst_expr
 
 _X = "x{}"      # tensor-coordinate variables of a region
 
@@ -141,14 +141,14 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
     for pos, k in enumerate(ks):
         for o in k.outputs:
             writers[o] = writers.get(o, 0) + 1
-        for t in {a.tensor for a in accesses(k.body)}:
+        for t in {a.tensor for a in kernel_reads(k)}:
             readers.setdefault(t, []).append(pos)
     for pos in range(len(ks) - 1, -1, -1):
         p = ks[pos]
         t = p.out
         # several writers (the parts of a concatenation) are each confined to the
         # readers' region: what a writer skips is never read after it
-        if (t not in intermediates or p.scan is not None
+        if (t not in intermediates or p.scan is not None or p.scatter
                 or p.out2 is not None or p.loop is not None):
             continue
         found = _identity_writer(p)
@@ -156,7 +156,7 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
             continue
         names, offsets = found
         regions = [_access_region(ks[c], a) for c in readers.get(t, ()) if c > pos
-                   for a in accesses(ks[c].body) if a.tensor == t]
+                   for a in kernel_reads(ks[c]) if a.tensor == t]
         if not regions:
             continue
         rank = len(p.out_index)

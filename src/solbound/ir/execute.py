@@ -21,7 +21,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .affine import Aff, Atom, guard_holds
-from .model import (Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl,
+from .model import (EXTERNAL_ROLES, Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl,
                     loop_segments)
 
 CHUNK_ELEMENTS = 1 << 25
@@ -92,6 +92,7 @@ OPS: dict[str, Callable] = {
 
 REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "any": np.any,
           "all": np.all}
+SCATTER = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum}
 SCAN = {"sum": np.cumsum, "prod": np.cumprod, "max": np.maximum.accumulate,
         "min": np.minimum.accumulate}
 
@@ -222,6 +223,9 @@ class _KernelExec:
     def run(self) -> None:
         k = self.k
         out = self.arrays[k.out]
+        if k.scatter:
+            self.run_scatter(out)
+            return
         keep = [d for d in self.dims if d not in k.reduce_vars]
         # chunk over the outermost kept dim when the loop nest is large
         total = math.prod(self.ext.values()) if self.ext else 1
@@ -337,6 +341,33 @@ class _KernelExec:
                 else REDUCE[k.reduce](val, axis=red_axes)
         self.write(np.asarray(res).astype(dtype, copy=False), ranges, keep)
 
+    def run_scatter(self, out: np.ndarray) -> None:
+        """Every point writes (or combines into) ``out`` at its data-dependent position;
+        accumulation is unbuffered (``np.add.at``: repeated positions all count)."""
+        k = self.k
+        ranges = {d: (0, n) for d, n in k.dims}
+        env = self.env(ranges)
+        full = tuple(n for _, n in k.dims)
+        val = np.broadcast_to(np.asarray(self.eval(k.body, ranges, env)), full)
+        idxs = []
+        for i, n in zip(k.out_index, out.shape):
+            if isinstance(i, Access):
+                v = np.asarray(self.eval(i, ranges, env)).astype(np.int64)
+                if ((v < -n) | (v >= n)).any():
+                    raise ExecutionError(f"scatter into {k.out}: index out of range [0, {n})")
+                v = np.where(v < 0, v + n, v)
+            else:
+                v = np.asarray(i.evaluate(env), dtype=np.int64)
+            idxs.append(np.broadcast_to(v, full).reshape(-1))
+        val = val.reshape(-1).astype(out.dtype, copy=False)
+        where = tuple(idxs)
+        if k.reduce is None:
+            out[where] = val
+        elif k.reduce in SCATTER:
+            SCATTER[k.reduce].at(out, where, val)
+        else:
+            raise ExecutionError(f"scatter with {k.reduce!r}")
+
     def write(self, res: np.ndarray, ranges, keep, name: str | None = None) -> None:
         k = self.k
         out = self.arrays[name or k.out]
@@ -401,7 +432,7 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
     arrays: dict[str, np.ndarray] = {}
     written = {o for k in p.kernels for o in k.outputs}
     for t in p.tensors:
-        if t.role in ("input", "parameter", "buffer", "constant"):
+        if t.role in EXTERNAL_ROLES:
             if t.name not in inputs:
                 raise ExecutionError(f"missing value for {t.role} {t.name}")
             a = np.asarray(inputs[t.name])

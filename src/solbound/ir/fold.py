@@ -35,7 +35,7 @@ import numpy as np
 from .affine import Aff, Atom
 from .execute import ExecutionError, execute
 from .known import Cond, Known, Lin
-from .model import EXTERNAL_ROLES, Call, Program, accesses, walk
+from .model import EXTERNAL_ROLES, Call, Program, kernel_reads, walk
 
 # the largest data-free tensor folded (elements); larger ones stay data
 FOLD_LIMIT = 1 << 24
@@ -56,7 +56,7 @@ def data_free(p: Program, limit: int = FOLD_LIMIT) -> list[str]:
     last_write: dict[str, int] = {}
     first_read: dict[str, int] = {}
     for pos, k in enumerate(p.kernels):
-        reads = {a.tensor for a in accesses(k.body)}
+        reads = {a.tensor for a in kernel_reads(k)}
         for t in reads:
             first_read.setdefault(t, pos)
         ok = (k.loop is None and all(free.get(t, False) for t in reads)

@@ -50,7 +50,7 @@ import math
 from dataclasses import dataclass
 
 from .affine import Aff, Atom
-from .model import Access, Call, Const, Idx, Kernel, walk
+from .model import Access, Call, Const, Idx, Kernel, accesses, walk
 
 
 # ----------------------------------------------------------------------------
@@ -407,29 +407,43 @@ def _new_atoms(k: Kernel, atoms) -> tuple[Atom, ...]:
 
 
 def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
-                    seeds: dict | None = None, folded: dict | None = None) -> list[Kernel]:
+                    seeds: dict | None = None, folded: dict | None = None,
+                    state: frozenset[str] = frozenset()) -> list[Kernel]:
     """The kernels with known-constant regions turned into guards (see the module doc).
 
     ``shapes`` gives every tensor's shape; ``seeds`` maps tensors the program receives
-    (inputs built triangular, constant mask buffers) to facts over their coordinates
-    ``x0, x1, ...`` (dropped for a tensor the program updates in place); ``folded`` gives
-    facts of computed tensors known before the program runs (``ir/fold.py``); facts of
-    the other tensors the kernels write are derived here.
+    (inputs built triangular, constant mask buffers, a position counter's value) to facts
+    over their coordinates ``x0, x1, ...``, which hold until the first kernel that writes
+    the tensor (a counter the step increments); ``folded`` gives facts of computed
+    tensors known before the program runs (``ir/fold.py``); facts of the other tensors
+    the kernels write are derived here. Seeds named in ``state`` are values of run-time
+    state taken at analysis (a counter): they may turn masks into guards, but a kernel
+    computed from them keeps its body (the run reads and computes it).
     """
     writers: dict[str, int] = {}
     for k in kernels:
         for o in k.outputs:
             writers[o] = writers.get(o, 0) + 1
-    facts: dict = {t: f for t, f in (seeds or {}).items() if t not in writers}
+    seeded = set(seeds or ())
+    facts: dict = dict(seeds or {})
     facts.update(folded or {})
     out = []
+    tainted = set(state)
+    expire: list[str] = []
     for k in kernels:
-        if k.loop is not None or k.scan is not None or k.out2 is not None:
+        for t in expire:                   # written by the previous kernel: no longer known
+            facts.pop(t, None)
+        expire = [o for o in k.outputs if o in seeded]
+        if k.loop is not None or k.scan is not None or k.out2 is not None or k.scatter:
             out.append(k)
             continue
         val = _eval(k.body, facts)
+        reads = {a.tensor for a in accesses(k.body)}
+        if reads & tainted:
+            tainted.update(k.outputs)
         if k.reduce is None:
-            k, val = _rewrite_map(k, val)
+            if not (reads & tainted and isinstance(val, Known)):
+                k, val = _rewrite_map(k, val)
             names = _identity_names(k, shapes[k.out])
             if writers.get(k.out) == 1 and names is not None and k.out not in facts:
                 fact = _fact_of(k, val, names)

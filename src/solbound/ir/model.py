@@ -27,9 +27,14 @@ DTYPE_BYTES: dict[str, int] = {
 }
 FLOAT_DTYPES = frozenset({"f64", "f32", "f16", "bf16", "f8e4m3", "f8e5m2"})
 
-ROLES = ("input", "parameter", "buffer", "constant", "intermediate", "output")
-# roles whose storage lives in DRAM before the program starts
-EXTERNAL_ROLES = frozenset({"input", "parameter", "buffer", "constant"})
+ROLES = ("input", "parameter", "buffer", "constant", "assumed", "intermediate", "output")
+# roles whose values exist before the program's kernels run. ``assumed``: values the run
+# computes from its routing decisions (which tokens go to which expert), fixed by a stated
+# assumption and held like constants; the run computes them on chip, so the fused bound
+# does not load them from DRAM (``analysis/counts.py``)
+EXTERNAL_ROLES = frozenset({"input", "parameter", "buffer", "constant", "assumed"})
+# external roles whose storage is in DRAM before the program starts
+DRAM_ROLES = frozenset({"input", "parameter", "buffer", "constant"})
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,32 @@ def accesses(e: Expr) -> list[Access]:
     return [x for x in walk(e) if isinstance(x, Access)]
 
 
+def index_vars(i: "Aff | Access") -> tuple[str, ...]:
+    """Loop variables of one index entry (through the indices of an indirect one)."""
+    if isinstance(i, Access):
+        return tuple(v for j in i.index for v in index_vars(j))
+    return i.vars
+
+
+def subst_index(index: tuple, mapping: dict[str, Aff]) -> tuple:
+    return tuple(subst_expr(i, mapping) if isinstance(i, Access) else i.subst(mapping)
+                 for i in index)
+
+
+def kernel_reads(k: "Kernel") -> list[Access]:
+    """Every access a kernel reads: its body's, the index tensors of a scatter's output
+    position and, for a scatter that combines (``index_add_``), the output elements it
+    updates (read, combined, written back)."""
+    out = accesses(k.body)
+    if k.scatter:
+        for i in k.out_index:
+            if isinstance(i, Access):
+                out.extend(accesses(i))
+        if k.reduce is not None:
+            out.append(Access(k.out, k.out_index))
+    return out
+
+
 def subst_expr(e: Expr, mapping: dict[str, Aff]) -> Expr:
     """Substitute loop variables by affine expressions everywhere in ``e``."""
     if isinstance(e, Access):
@@ -202,6 +233,12 @@ class Kernel:
     * ``guard`` restricts the points that evaluate the body. For a reduction the
       other points contribute nothing; for a map they write ``fill``.
     * ``out2`` is the second output of ``argmax``/``argmin`` (the value).
+    * A kernel whose ``out_index`` holds an indirect entry (an :class:`Access`, e.g.
+      ``out[idx[i], j]``) is a **scatter**: every point of the loop nest writes its own
+      element at a position read from a tensor. ``reduce`` is then how the value combines
+      with what the output already holds (``None``: overwrite; ``sum``: accumulate, as
+      ``index_add_``/``scatter_add``; ``max``, ``min``, ``prod``); the output must have
+      been written before (a copy of the tensor updated). A scatter has no guard.
     * ``op``/``opname``/``src`` name the framework operator this kernel belongs to
       (kernels sharing ``op`` are one library call), ``unit`` is a hint of the
       class of contraction (``matmul``, ``conv``, ``attention``) used by the
@@ -242,17 +279,22 @@ class Kernel:
         """This kernel for one iteration of its sequential loop."""
         v = self.loop[0]
         sub = {v: Aff.lit(value)}
-        return replace(self, loop=None, out_index=tuple(a.subst(sub) for a in self.out_index),
+        return replace(self, loop=None, out_index=subst_index(self.out_index, sub),
                        body=subst_expr(self.body, sub),
                        guard=tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in self.guard))
 
     @property
+    def scatter(self) -> bool:
+        """The output index is data-dependent (see the class doc)."""
+        return any(isinstance(a, Access) for a in self.out_index)
+
+    @property
     def out_vars(self) -> set[str]:
-        return {v for a in self.out_index for v in a.vars}
+        return {v for a in self.out_index for v in index_vars(a)}
 
     @property
     def reduce_vars(self) -> tuple[str, ...]:
-        if self.reduce is None or self.scan is not None:
+        if self.reduce is None or self.scan is not None or self.scatter:
             return ()
         used = self.out_vars
         return tuple(d for d, _ in self.dims if d not in used)
@@ -262,7 +304,7 @@ class Kernel:
         return (self.out,) if self.out2 is None else (self.out, self.out2)
 
     def inputs(self) -> list[Access]:
-        return accesses(self.body)
+        return kernel_reads(self)
 
     def with_(self, **kw) -> "Kernel":
         return replace(self, **kw)

@@ -25,6 +25,9 @@ Body forms (one statement per kernel):
   variables absent from the output index (also prod, max, min, any, all)
 * ``out[i] = argmax(EXPR)`` or ``idx[i], val[i] = argmax(EXPR)`` (and argmin)
 * ``out[i, t] = cumsum(EXPR, over=t)`` - an inclusive scan (cumprod, cummax, cummin)
+* ``out[idx[i], j] = EXPR`` / ``out[idx[i], j] = sum(EXPR)`` - a scatter: an output index
+  read from a tensor; every point overwrites, or combines with (sum, prod, max, min), the
+  element it names
 
 A ``GUARD`` is a ``&`` of affine comparisons such as ``(0 <= h + r - 1 < 9)``.
 """
@@ -36,7 +39,8 @@ import math
 
 from .affine import Aff, Atom, Guard
 from .model import (DTYPE_BYTES, INFIX, PREFIX, REDUCE_OPS, ROLES, SCALAR_OPS, SCAN_OPS,
-                    Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl, loop_segments)
+                    Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl, index_vars,
+                    loop_segments)
 
 HEADER = "# solbound IR v1"
 MAX_TEXT = 50_000_000
@@ -363,11 +367,7 @@ class _KernelParser:
     def target(self, node: ast.AST) -> Access:
         if not isinstance(node, ast.Subscript):
             raise _err(node, "the kernel must assign to an indexed tensor")
-        acc = self.access(node)
-        if acc.indirect:
-            raise _err(node, "an output index must be affine (scatter is written as a kernel "
-                             "over the source with an indirect output is not supported)")
-        return acc
+        return self.access(node)
 
 
 def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
@@ -417,7 +417,7 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
     if len(outs) > 2:
         raise _err(stmt, "at most two outputs (argmax/argmin)")
     for o in outs:
-        if tensors[o.tensor].role in ("input", "parameter", "buffer", "constant"):
+        if tensors[o.tensor].role in ("input", "parameter", "buffer", "constant", "assumed"):
             raise _err(stmt, f"tensor {o.tensor} is a {tensors[o.tensor].role} and cannot be written")
     if len(outs) == 2 and outs[0].index != outs[1].index:
         raise _err(stmt, "both outputs must use the same index")
@@ -457,8 +457,16 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
         body = kp.expr(rhs)
     if len(outs) == 2 and reduce not in ("argmax", "argmin"):
         raise _err(stmt, "only argmax/argmin write two outputs")
-    out_vars = {v for i in outs[0].index for v in i.vars}
-    if reduce is None or scan is not None:
+    scatter = any(o.indirect for o in outs)
+    if scatter and (len(outs) != 1 or guard or scan is not None
+                    or reduce not in (None, "sum", "prod", "max", "min")):
+        raise _err(stmt, f"kernel {name}: a scatter (indirect output index) is "
+                         f"'out[...] = EXPR' or 'out[...] = sum|prod|max|min(EXPR)', unguarded")
+    if scatter and outs[0].tensor not in seen_out \
+            and tensors[outs[0].tensor].role not in ("input", "buffer"):
+        raise _err(stmt, f"kernel {name}: scatters into {outs[0].tensor} before it is written")
+    out_vars = {v for i in outs[0].index for v in index_vars(i)}
+    if (reduce is None or scan is not None) and not scatter:
         missing = [d for d in dims if d not in out_vars]
         if missing:
             raise _err(stmt, f"kernel {name}: loop dimension(s) {', '.join(missing)} do not appear "

@@ -32,6 +32,7 @@ class Report:
     validation: dict = field(default_factory=lambda: {"status": "not requested"})
     problem: Any = None
     keep_experts_dispatch: bool = False
+    routing: str | None = None        # the routing assumption asked for (None: default)
 
     # --- access -------------------------------------------------------------
     @property

@@ -43,7 +43,7 @@ def check_ir_text(text: str, problem, seed: int = 0) -> tuple[int, dict]:
     ref_decl = ref.program.tensor_map
     feeds: dict[str, np.ndarray] = {}
     # inputs/state by name, then by role order
-    for role in ("input", "parameter", "buffer", "constant"):
+    for role in ("input", "parameter", "buffer", "constant", "assumed"):
         want = [t for t in given.tensors if t.role == role]
         have = [t for t in ref.program.tensors if t.role == role and t.name in feeds_by_ref]
         by_order = iter(h for h in have if h.name not in {w.name for w in want})

@@ -21,7 +21,7 @@ import numpy as np
 from ..graph.einsum import classify
 from ..ir.execute import ExecutionError, execute
 from ..ir.affine import Aff
-from ..ir.model import Call, Program, accesses, walk
+from ..ir.model import EXTERNAL_ROLES, Call, Program, accesses, kernel_reads, walk
 
 EPS = {"f64": 2.2e-16, "f32": 1.19e-7, "bf16": 7.8e-3, "f16": 9.8e-4}
 DEFAULT_MAX_BYTES = 3 * 2**30
@@ -66,7 +66,7 @@ class _InputScale:
         self.reads: dict[str, set[str]] = {}
         for k in p.kernels:
             for o in k.outputs:
-                self.reads.setdefault(o, set()).update(a.tensor for a in accesses(k.body))
+                self.reads.setdefault(o, set()).update(a.tensor for a in kernel_reads(k))
         self._mag: dict[str, float] = {}
 
     def _magnitude(self, name: str) -> float:
@@ -119,8 +119,7 @@ def estimate_cost(p: Program, flops: int) -> tuple[int, float]:
     def size(t):
         return t.numel * (8 if t.dtype in ("f64", "i64") else 4)
     mem = sum(size(t) for t in p.tensors) * 5 // 4 \
-        + 2 * sum(size(t) for t in p.tensors if t.role in ("input", "parameter", "buffer",
-                                                            "constant"))
+        + 2 * sum(size(t) for t in p.tensors if t.role in EXTERNAL_ROLES)
     # an einsum over strided views may materialize an operand's whole view (im2col)
     peak = 0
     for k in p.kernels:
@@ -382,6 +381,16 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
         return {"status": "skipped", "reason": f"kernel {random_kernels[0]} draws random numbers "
                                                f"that cannot be replayed: not comparable",
                 "seconds": 0.0}
+    routing = getattr(ep, "solbound_routing", None)
+    if routing:
+        from ..frontends.torch.routing import ForcedRouting
+        with ForcedRouting(routing):     # the model runs under the routing it was traced with
+            return _validate_lowered(lowered, ep, model, inputs, seed, t0)
+    return _validate_lowered(lowered, ep, model, inputs, seed, t0)
+
+
+def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
+    p = lowered.program
     model_copy = copy.deepcopy(model)     # the state before the call (the call updates buffers)
     hook = None
     if lowered.random_draws:
@@ -464,6 +473,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
     from ..frontends.torch.lower import lower
 
     keep = getattr(rep, "keep_experts_dispatch", False)
+    routing = getattr(rep, "routing", None)
     flops = sum(rep.counts.flops.values())
     mem, secs = estimate_cost(rep.program, flops)
     lowered = rep.lowered
@@ -478,7 +488,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
         for factor, new_problem in problem.shrink():
             try:
                 m, inp, _ = new_problem.build_for_capture()
-                ep_r = export_program(m, inp, problem.source, keep_experts=keep)
+                ep_r = export_program(m, inp, problem.source, keep_experts=keep, routing=routing)
             except Exception:  # noqa: BLE001 - a size the program does not accept
                 continue
             low_r = lower(ep_r, (), input_structure(inp), state_structure(m))
@@ -516,7 +526,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
             return rep.validation
     import torch
     with torch.no_grad():
-        ep = export_program(model, tuple(inputs), rep.source, keep_experts=keep)
+        ep = export_program(model, tuple(inputs), rep.source, keep_experts=keep, routing=routing)
     low = lower(ep, (), input_structure(inputs), state_structure(model))
     if reduced is None and _structure(low.program) != _structure(lowered.program):
         rep.validation = {"status": "failed",

@@ -300,11 +300,18 @@ class _traceable_experts:
         return False
 
 
-def export_program(model, inputs: tuple, source: str = "program", keep_experts: bool = False):
+def export_program(model, inputs: tuple, source: str = "program", keep_experts: bool = False,
+                   routing: str | None = None):
     """torch.export + core ATen decomposition; returns the ExportedProgram. Notes on what
-    was assumed while tracing are in ``ep.solbound_notes``."""
+    was assumed while tracing are in ``ep.solbound_notes``.
+
+    A program whose sizes or branches depend on routing decisions (a hand-written
+    mixture-of-experts dispatch) is traced again under the routing assumption
+    ``routing`` (``routing.ROUTINGS``; default balanced), stated in the notes and kept
+    in ``ep.solbound_routing`` for validation (``None`` when none was needed)."""
     import torch
     import torch.nn as nn
+    from .routing import DEFAULT_ROUTING, RoutingMode, routing_note
 
     if not isinstance(model, nn.Module):
         raise FrontendError(f"{source}: Model is not a torch.nn.Module")
@@ -314,34 +321,76 @@ def export_program(model, inputs: tuple, source: str = "program", keep_experts: 
     devices = {t.device for t in list(model.parameters()) + list(model.buffers())
                + [a for a in _leaves(args) if isinstance(a, torch.Tensor)]}
     home = devices.pop() if len(devices) == 1 else None
-    for attempt in (0, 1):
+    _lift_held_tensors(model)
+    with _python_state_kept(model) as state:
+        return _export(model, args, source, keep_experts, routing, home, state)
+
+
+def _export(model, args, source, keep_experts, routing, home, state):
+    import torch
+    from .routing import DEFAULT_ROUTING, RoutingMode, routing_note
+    lifted = False
+    mode = None
+    while True:
+        state.restore()             # every attempt starts from the model's state
         try:
             # torch prints the partial graph of a failed trace to stderr: the user gets
             # one line from us instead
             with warnings.catch_warnings(), _fast_recurrent_shapes(), _quiet_torch_logs(), \
                     contextlib.redirect_stderr(io.StringIO()), \
                     (torch.device(home) if home is not None else contextlib.nullcontext()), \
-                    _traceable_experts(model, not keep_experts) as experts:
+                    _traceable_experts(model, not keep_experts) as experts, \
+                    (mode if mode is not None else contextlib.nullcontext()):
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(model, args, strict=False)
+            if mode is None and _has_value_sizes(ep):
+                # sizes that follow tensor values (x[mask]): trace under the assumption
+                mode = RoutingMode(routing or DEFAULT_ROUTING)
+                first = None
+                continue
+            with warnings.catch_warnings(), _fast_recurrent_shapes(), _quiet_torch_logs():
+                warnings.simplefilter("ignore")
                 ep = ep.run_decompositions(_decomp_table())
-                ep.solbound_notes = list(experts.notes)
-                return ep
+            for mod in model.modules():     # traced values must not stay in held objects
+                _rebind(mod)
+            ep.solbound_notes = list(experts.notes)
+            ep.solbound_routing = None
+            if mode is not None and (mode.forced or mode.answered or mode.precomputed):
+                ep.solbound_routing = mode.routing
+                ep.solbound_notes.append(routing_note(mode))
+            return ep
         except Exception as e:  # noqa: BLE001
-            if attempt == 0 and "mutated" in str(e) and _lift_tensor_attributes(model):
+            if not lifted and "mutated" in str(e) and _lift_tensor_attributes(model):
+                lifted = True
                 continue   # a plain tensor attribute updated in forward: now a buffer
-            if "data-dependent" in str(e) or type(e).__name__.startswith("GuardOnDataDependent"):
-                where, code = _user_frame(e)
+            data_dep = "data-dependent" in str(e) or type(e).__name__.startswith(
+                "GuardOnDataDependent")
+            if data_dep and mode is None:
+                mode = RoutingMode(routing or DEFAULT_ROUTING)
+                first = e
+                continue   # sizes that follow routing decisions: trace under the assumption
+            if mode is not None and (data_dep or first is not None):
+                where, code = _user_frame(e if data_dep else first)
                 raise FrontendError(
                     f"{source}: data-dependent control flow or size at {where}"
                     + (f" ({code})" if code else "")
-                    + ": the program branches, loops or sizes a tensor on tensor values, which "
-                      "tracing cannot follow; write it with torch.cond / torch.where or fixed "
-                      "sizes (transformers MoE models: experts_implementation=\"batched_mm\")"
+                    + ": the program branches, loops or sizes a tensor on tensor values that "
+                      "do not follow from a routing decision (topk/argmax), which tracing "
+                      "cannot follow; write it with torch.cond / torch.where or fixed sizes"
                 ) from None
             raise FrontendError(f"{source}: torch.export failed to trace ({_where(e)}): "
                                 f"{_oneline(e)}") from None
-    raise AssertionError("unreachable")
+
+
+def _has_value_sizes(ep) -> bool:
+    """Does a traced value have a size known only at run time (an unbacked symbol)?"""
+    import torch
+    for n in ep.graph.nodes:
+        val = n.meta.get("val")
+        for v in (val if isinstance(val, (list, tuple)) else [val]):
+            if isinstance(v, torch.Tensor) and any(not isinstance(d, int) for d in v.shape):
+                return True
+    return False
 
 
 def _leaves(args):
@@ -459,3 +508,110 @@ def _lift_tensor_attributes(model) -> bool:
                 mod.register_buffer(name, val)
                 lifted = True
     return lifted
+
+
+class _python_state_kept:
+    """Tracing runs ``forward``: Python-side state it updates (a cache layer's
+    ``cumulative_length_int += 1``, a module's step counter) is put back afterwards, so
+    the model is in the state it was analyzed in (validation runs it next)."""
+
+    _SCALARS = (int, float, bool, str, type(None))
+
+    def __init__(self, model):
+        import torch
+        objs = list(model.modules())
+        for mod in objs[:]:
+            objs.extend(owner for owner, _, _ in _held_objects(mod))
+        self.saved = []
+        seen = set()
+        for o in objs:
+            if id(o) in seen or isinstance(o, (list, dict)):
+                continue
+            seen.add(id(o))
+            vals = {k: v for k, v in vars(o).items()
+                    if isinstance(v, self._SCALARS) and not (isinstance(o, torch.nn.Module)
+                                                              and k == "training")}
+            if vals:
+                self.saved.append((o, vals))
+
+    def __enter__(self):
+        return self
+
+    def restore(self) -> None:
+        for o, vals in self.saved:
+            for k, v in vals.items():
+                if vars(o).get(k, v) is not v:
+                    setattr(o, k, v)
+
+    def __exit__(self, *exc):
+        self.restore()
+        return False
+
+
+def _held_objects(mod):
+    """(owner, key, tensor) of the tensors held by the plain objects a module keeps."""
+    import torch
+    out = []
+    for name, val in list(vars(mod).items()):
+        if not name.startswith("_") and not isinstance(val, (torch.Tensor, torch.nn.Module)):
+            out.extend(_held_tensors(val))
+    return out
+
+
+def _lift_held_tensors(model) -> None:
+    """Tensors held by other objects a module keeps (a transformers ``StaticCache``: a
+    list of layers, each holding its key and value tensors) become buffers of the module,
+    and a forward pre-hook hands the object the module's buffers at every call: tracing
+    replaces buffers by traced values, and the object must update those. Done before
+    tracing: a traced in-place update of a tensor export sees as a constant alters the
+    real tensor (it ends up requiring grad)."""
+    import torch
+    for mod in model.modules():
+        if getattr(mod, "_solbound_rebind", None):
+            continue
+        rebind = []
+        for name, val in list(vars(mod).items()):
+            if name.startswith("_") or isinstance(val, (torch.Tensor, torch.nn.Module)):
+                continue
+            for i, (owner, key, t) in enumerate(_held_tensors(val)):
+                buf = f"solbound_{name}_{i}"
+                mod.register_buffer(buf, t)
+                rebind.append((owner, key, buf))
+        if rebind:
+            mod._solbound_rebind = rebind
+            mod.register_forward_pre_hook(lambda m, args: _rebind(m))
+
+
+def _rebind(mod) -> None:
+    """Hand the objects a module holds its current buffers (see _lift_tensor_attributes)."""
+    for owner, key, buf in getattr(mod, "_solbound_rebind", ()):
+        if isinstance(owner, (list, dict)):
+            owner[key] = getattr(mod, buf)
+        else:
+            setattr(owner, key, getattr(mod, buf))
+
+
+def _held_tensors(obj, depth: int = 4, seen=None):
+    """(owner, key, tensor) for the tensors an object holds, through its attributes,
+    lists and dicts (not modules, not parameters), up to ``depth`` levels."""
+    import torch
+    seen = seen if seen is not None else set()
+    if depth == 0 or id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type)):
+        return []
+    seen.add(id(obj))
+    items: list = []
+    if isinstance(obj, list):
+        items = list(enumerate(obj))
+    elif isinstance(obj, dict):
+        items = [(k, v) for k, v in obj.items() if isinstance(k, (str, int))]
+    elif hasattr(obj, "__dict__") and not isinstance(obj, torch.nn.Module) \
+            and type(obj).__module__.split(".")[0] not in ("builtins", "torch", "numpy"):
+        items = [(k, v) for k, v in vars(obj).items() if not k.startswith("__")]
+    out = []
+    for key, v in items:
+        if isinstance(v, torch.Tensor):
+            if not isinstance(v, torch.nn.Parameter):
+                out.append((obj, key, v))
+        elif not isinstance(v, torch.nn.Module):
+            out.extend(_held_tensors(v, depth - 1, seen))
+    return out

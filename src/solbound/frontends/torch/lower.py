@@ -24,8 +24,8 @@ from typing import Any, Callable
 import torch
 
 from ...ir.affine import Aff, Atom, Guard
-from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl, accesses,
-                         loop_segments, subst_expr)
+from ...ir.model import (EXTERNAL_ROLES, Access, Call, Expr, Kernel, Program, TensorDecl, accesses,
+                         kernel_reads, loop_segments, subst_expr)
 from ...ir.demand import restrict_to_demand
 from ...ir.fold import fold_report
 from ...ir.known import UNKNOWN, Cond, Known, propagate_known, seed_from_structure
@@ -230,7 +230,8 @@ class KernelBuilder:
                 scan, reduce = None, None
         return Kernel(
             name=name, dims=tuple(self.dims), out=out,
-            out_index=tuple(Aff.of(a).subst(sub) for a in out_index),
+            out_index=tuple(subst_expr(a, sub) if isinstance(a, Access) else Aff.of(a).subst(sub)
+                            for a in out_index),
             body=subst_expr(body, sub), reduce=reduce,
             guard=tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in guard), fill=fill,
             scan=scan, out2=out2, unit=unit, loop=loop)
@@ -294,6 +295,17 @@ class OpCtx:
         if "out2" in kw and kw["out2"] is not None and isinstance(kw["out2"], View):
             kw["out2"] = kw["out2"].base
         k = kb.finish(name, target.tensor, list(target.index), body, **kw)
+        self.low.add_kernel(k, self.node)
+
+    def emit_scatter(self, kb: KernelBuilder, out: View, out_index, body: Expr,
+                     reduce: str | None = None) -> None:
+        """A scatter kernel: ``out[out_index] (reduce)= body``, where ``out_index`` has one
+        entry per dim of ``out`` (a whole base tensor), affine or an indirect
+        :class:`Access` (see :class:`~solbound.ir.model.Kernel`)."""
+        if not out.is_full:
+            raise LoweringError("internal: a scatter writes a whole base tensor")
+        name = self.low.kernel_name(self.node.name)
+        k = kb.finish(name, out.base, list(out_index), body, reduce=reduce)
         self.low.add_kernel(k, self.node)
 
     def bind(self, value) -> None:
@@ -477,10 +489,13 @@ class Lowering:
                     if role == "input":
                         inputs.append({"name": node.name, "ir": None, "value": val})
                     continue
+                if role == "constant" and getattr(ep, "solbound_routing", None) \
+                        and target.startswith("lifted_tensor"):
+                    role = "assumed"      # made in forward from the assumed routing
                 v = self.new_base(node.name, tuple(int(s) for s in val.shape),
                                   TORCH_DTYPES[val.dtype], role)
                 self.env[node] = v
-                if role == "constant":
+                if role in ("constant", "assumed"):
                     self._constant_targets[v.base] = target
                 if role == "input":
                     inputs.append({"name": node.name, "ir": v.base})
@@ -497,7 +512,7 @@ class Lowering:
         except FlatIndirectError as e:
             name = str(e)
             users = sorted({f"{k.opname or k.op} ({k.src or '?'})" for k in program.kernels
-                            if any(a.tensor == name and a.indirect for a in accesses(k.body))})
+                            if any(a.tensor == name and a.indirect for a in kernel_reads(k))})
             raise LoweringError(f"tensor {name} is read through a view that is affine only on "
                                 f"its flat storage and through a data-dependent index by "
                                 f"{', '.join(users)}: the IR cannot express both") from None
@@ -516,11 +531,21 @@ class Lowering:
             src = f" ({w.opname or w.op}, {w.src})" if w is not None and w.src else ""
             self.notes.append(f"assumption: mask {t}{src} is known before the run but is not an "
                               f"affine region: the work it masks is counted dense")
-        kernels = propagate_known(kernels, {t.name: t.shape for t in program.tensors}, seeds,
-                                  folded)
+        shapes = {t.name: t.shape for t in program.tensors}
+        counters, counter_notes = self._counter_seeds(state, program)
+        known = propagate_known(kernels, shapes, {**seeds, **counters}, folded,
+                                state=frozenset(counters))
+        # the counters' values are stated only where they changed something (a mask)
+        if counters:
+            plain = propagate_known(kernels, shapes, seeds, folded)
+            if known == plain:
+                counters = {}
+            else:
+                self.notes.extend(counter_notes)
+        kernels = known
         program = _prune(Program(program.tensors, tuple(kernels), program.notes))
         kernels = list(program.kernels)
-        self._runtime_mask_notes(program)
+        self._runtime_mask_notes(program, set(seeds) | set(counters))
         whole = kernels
         kernels = restrict_to_demand(kernels, {t.name for t in program.by_role("intermediate")})
         # tensors now computed only where read: their other elements hold fill values
@@ -561,13 +586,18 @@ class Lowering:
         """The real value of a constant the exported program holds (a lifted
         ``torch.tensor([...])``), by IR tensor name; ``None`` if unknown."""
         target = self._constant_targets.get(name)
+        if target is not None and getattr(self.ep, "solbound_routing", None) \
+                and target.startswith("lifted_tensor"):
+            # made in forward under a routing assumption: they stand for the routing the
+            # run decides, and the IR must not depend on whether the trace saw their values
+            return None
         val = self.ep.constants.get(target) if target is not None else None
         if val is None or not isinstance(val, torch.Tensor) or val.device.type == "meta":
             return None
         from torch._subclasses.fake_tensor import FakeTensor
         return None if isinstance(val, FakeTensor) else val
 
-    def _runtime_mask_notes(self, program: Program) -> None:
+    def _runtime_mask_notes(self, program: Program, seeded: set[str] = frozenset()) -> None:
         """Name the inputs that may mask work but whose values only the run knows."""
         # an additive mask: an input combined, in one kernel, with attention scores
         scores = {k.out for k in program.kernels if k.unit == "attention"}
@@ -581,6 +611,37 @@ class Lowering:
                 self.notes.append(f"assumption: input {t.name} is known only at run time: work it "
                                   f"may mask is counted dense (a mask built from indices in "
                                   f"forward, is_causal, or a constant buffer would be skipped)")
+        # a mask computed from values the trace did not see (a position input, a cache's
+        # fill counter on the meta device): the integer and boolean sources of what is
+        # combined with a product's result, through integer and boolean producers (a
+        # gather's index is not a mask: indices inside an access are not followed)
+        products = {k.out for k in program.kernels if k.unit}
+        writers: dict[str, list[Kernel]] = {}
+        with_products: set[str] = set()
+        for k in program.kernels:
+            writers.setdefault(k.out, []).append(k)
+            reads = {a.tensor for a in _value_reads(k.body)}
+            if reads & products:
+                with_products |= reads - products
+        tmap = program.tensor_map
+        ints = ("i64", "i32", "i16", "i8", "u8", "bool")
+        todo, seen = list(with_products), set()
+        while todo:
+            t = todo.pop()
+            if t in seen:
+                continue
+            seen.add(t)
+            for k in writers.get(t, ()):
+                todo.extend(a.tensor for a in _value_reads(k.body)
+                            if a.tensor not in products and tmap[a.tensor].dtype in ints)
+        noted = {n for n in self.notes}
+        for t in sorted(seen):
+            d = tmap[t]
+            if d.role in ("buffer", "input") and t not in seeded and d.dtype in ints:
+                note = (f"assumption: {d.role} {t} is known only at run time and a mask is "
+                        f"computed from it: the work it may mask is counted dense")
+                if not any(n.startswith(f"assumption: input {t} ") for n in noted):
+                    self.notes.append(note)
 
     def _state_seeds(self, state: list[dict], program: Program, written: set[str]) -> dict:
         """Facts of constant buffers built triangular (a causal mask made in ``__init__``) that
@@ -599,6 +660,35 @@ class Lowering:
                               f" triangular{' of ones' if inside == 1 else ''} (built with "
                               f"torch.{kind}): work it masks is skipped")
         return seeds
+
+    def _counter_seeds(self, state: list[dict], program: Program) -> tuple[dict, list[str]]:
+        """An integer scalar buffer with a real value (a cache's fill counter, which the
+        decode step reads to place its row and to mask the positions not yet written): its
+        value now, stated as an assumption. On the meta device there is none: what it
+        masks is counted dense (and said so). Returns (seeds, notes)."""
+        seeds, notes = {}, []
+        tmap = program.tensor_map
+        read = {a.tensor for k in program.kernels for a in kernel_reads(k)}
+        for st in state:
+            name = st["ir"]
+            t = tmap.get(name)
+            if st["role"] != "buffer" or t is None or t.numel != 1 or name not in read \
+                    or t.dtype not in ("i64", "i32", "i16", "i8", "u8"):
+                continue
+            val = self.ep.state_dict.get(st["target"])
+            if val is None:
+                val = self.ep.constants.get(st["target"])
+            if not isinstance(val, torch.Tensor) or val.device.type == "meta":
+                continue
+            from torch._subclasses.fake_tensor import FakeTensor
+            if isinstance(val, FakeTensor):
+                continue
+            v = int(val.reshape(-1)[0])
+            seeds[name] = Known(v)
+            notes.append(f"assumption: buffer {st['target']} (an integer the step reads, "
+                         f"e.g. a cache's fill count) holds {v}, its value when analyzed: "
+                         f"positions and masks computed from it are exact for that value")
+        return seeds, notes
 
     def _group_of(self, node: torch.fx.Node) -> tuple[str, str, str]:
         fn = node.meta.get("from_node") or []
@@ -785,7 +875,7 @@ def _flatten(p: Program, names: set[str]) -> Program:
 
     kernels = []
     for k in p.kernels:
-        out_index = k.out_index
+        out_index = tuple(fix(i) if isinstance(i, Access) else i for i in k.out_index)
         if k.out in shapes and len(out_index) != 1:
             out_index = _linear(out_index, shapes[k.out], k.out)
         kernels.append(k.with_(out_index=out_index, body=fix(k.body)))
@@ -794,11 +884,20 @@ def _flatten(p: Program, names: set[str]) -> Program:
     return Program(tensors, tuple(kernels), p.notes)
 
 
+def _value_reads(e: Expr) -> list[Access]:
+    """The accesses whose values an expression uses, not those inside an access's index."""
+    if isinstance(e, Access):
+        return [e]
+    if isinstance(e, Call):
+        return [a for x in e.args for a in _value_reads(x)]
+    return []
+
+
 def _prune(p: Program) -> Program:
     """Drop kernels whose outputs nobody reads (dead code after decomposition)."""
     live = {t.name for t in p.tensors if t.role == "output"}
     # a kernel that updates DRAM state in place (a KV-cache write into a buffer) is live
-    external = {t.name for t in p.tensors if t.role in ("input", "parameter", "buffer", "constant")}
+    external = {t.name for t in p.tensors if t.role in EXTERNAL_ROLES}
     live |= {o for k in p.kernels for o in k.outputs if o in external}
     # a sequential loop's body reads, in the next iteration, what later kernels of the
     # body write: liveness over it runs to a fixed point
@@ -811,7 +910,7 @@ def _prune(p: Program) -> Program:
                 if id(k) not in kept and any(o in live for o in k.outputs):
                     kept.add(id(k))
                     live.update(k.outputs)
-                    live.update(a.tensor for a in accesses(k.body))
+                    live.update(a.tensor for a in kernel_reads(k))
                     changed = True
             if seg[0].loop is None:
                 break

@@ -36,41 +36,6 @@ def empty(ctx: OpCtx) -> None:
     _fill(ctx, 0)
 
 
-@rule("aten.scatter.value", "aten.scatter.src")
-def scatter(ctx: OpCtx) -> None:
-    """``x.scatter(dim, index, value|src)``: ``out[.., e, ..] = v[.., j, ..]`` where
-    ``index[.., j, ..] == e``, else ``x``. Written densely over the output: a hit test
-    (an ``any`` over the index positions) and a select; with ``src``, the source element is
-    the sum over the positions that hit (indices distinct within a row, as scatter requires
-    for a defined result)."""
-    x, dim, index, v = ctx.args[0], ctx.args[1], ctx.args[2], ctx.args[3]
-    dim %= x.ndim
-    out = ctx.output()
-    n = index.shape[dim]
-    idx = dims_vars(out.ndim)
-    j = Aff.var("r0")
-    ii = list(idx)
-    ii[dim] = j
-    hit = ctx.new_tensor(out.shape, "bool", ctx.node.name + "_hit")
-    kb = ctx.builder(out.shape, [n])
-    if any(index.shape[d] != out.shape[d] for d in range(out.ndim) if d != dim):
-        raise LoweringError("scatter with an index smaller than the output off the scatter dim")
-    test = Call("eq", (kb.load(index, ii), Idx(idx[dim])))
-    ctx.emit(kb, hit, idx, test, reduce="any")
-    if isinstance(v, View):
-        got = ctx.new_tensor(out.shape, out.dtype, ctx.node.name + "_src")
-        kb = ctx.builder(out.shape, [n])
-        test = Call("eq", (kb.load(index, ii), Idx(idx[dim])))
-        ctx.emit(kb, got, idx, Call("select", (test, kb.load(v, ii), Const(0))), reduce="sum")
-        kb = ctx.builder(out.shape)
-        val = kb.load(got, idx)
-    else:
-        kb = ctx.builder(out.shape)
-        val = Const(v)
-    ctx.emit(kb, out, idx, Call("select", (kb.load(hit, idx), val, kb.load(x, idx))))
-    ctx.bind(out)
-
-
 @rule("aten.scalar_tensor")
 def scalar_tensor(ctx: OpCtx) -> None:
     _fill(ctx, ctx.args[0])

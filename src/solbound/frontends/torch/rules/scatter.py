@@ -11,10 +11,12 @@ of ``x`` and the region overwritten by ``src`` (two writers of one tensor, in or
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ....ir.affine import Aff
-from ....ir.model import Access, Call, Idx
+from ....ir.model import Access, Call, Const, Idx
 from ..lower import LoweringError, OpCtx, View, rule
 from ._util import dims_vars, operand
 
@@ -88,24 +90,135 @@ def _progression(ctx: OpCtx, index) -> tuple[int, int] | None:
     return vals[0], step
 
 
+def _target(ctx: OpCtx, x: View, *sources) -> View:
+    """Where an update of ``x`` goes: ``x`` itself (in place) when nothing reads its old
+    value afterwards and no source is a view of it; else a fresh copy of ``x``."""
+    if x.is_full and not any(isinstance(s, View) and s.base == x.base for s in sources) \
+            and not _later_readers_of_base(ctx, x.base):
+        return x
+    target = ctx.output()
+    _copy_into(ctx, target, x)
+    return target
+
+
 @rule("aten.index_put")
 def index_put(ctx: OpCtx) -> None:
-    """``x[..., idx, ...] = v`` (``index_copy_``, KV caches written at ``cache_position``)
-    with one index tensor whose values are a known progression (``arange``, a constant):
-    the strided slice it names is written, in place when nothing reads the old ``x``."""
+    """``x[..., i, j, ...] = v`` (``index_copy_``, ``x[idx] = v``, ``index_put_``) and
+    ``accumulate=True`` (``index_add_``, ``x[idx] += v`` unbuffered).
+
+    One index tensor whose values are a known progression (``arange``, a constant: a KV
+    cache written at ``cache_position``) writes that strided slice, exactly a box. Other
+    index tensors (known only at run time) make a **scatter** kernel: one point per
+    element of ``x[indices]``, written (or added) at the position the indices name. Only
+    the written elements are write traffic; in place when nothing reads the old ``x``."""
     x, indices, v = ctx.args[0], list(ctx.args[1]), ctx.args[2]
     accumulate = ctx.args[3] if len(ctx.args) > 3 else ctx.kwargs.get("accumulate", False)
+    indices += [None] * (x.ndim - len(indices))
     pos = [i for i, t in enumerate(indices) if t is not None]
-    if accumulate or len(pos) != 1:
-        raise LoweringError("index_put with several index tensors or accumulate=True")
-    dim = pos[0]
-    prog = _progression(ctx, indices[dim])
-    if prog is None:
-        raise LoweringError("index_put at positions known only at run time (an input or "
-                            "computed index): the written rows cannot be told apart")
-    start, step = prog
-    n = indices[dim].shape[0]
-    _write_slice(ctx, x, v, dim, start, start + (n - 1) * step + 1, step)
+    if not pos:
+        raise LoweringError("index_put without index tensors")
+    if any(indices[i].dtype == "bool" for i in pos):
+        _masked_fill(ctx, x, indices, v, accumulate)
+        return
+    if not accumulate and len(pos) == 1:
+        prog = _progression(ctx, indices[pos[0]])
+        if prog is not None:
+            start, step = prog
+            n = indices[pos[0]].shape[0]
+            _write_slice(ctx, x, v, pos[0], start, start + (n - 1) * step + 1, step)
+            return
+    target = _target(ctx, x, v, *[indices[i] for i in pos])
+    # the points: the shape of x[indices] (broadcast index dims in place when the index
+    # tensors are adjacent, first otherwise: NumPy's rule)
+    ishape = tuple(int(s) for s in torch.broadcast_shapes(*[indices[i].shape for i in pos]))
+    adjacent = pos == list(range(pos[0], pos[-1] + 1))
+    first = pos[0] if adjacent else 0
+    rest_dims = [x.shape[i] for i in range(x.ndim) if indices[i] is None]
+    shape = tuple(rest_dims[:first]) + ishape + tuple(rest_dims[first:])
+    kb = ctx.builder(shape)
+    idx = dims_vars(len(shape))
+    bi = idx[first:first + len(ishape)]
+    rest = iter(idx[:first] + idx[first + len(ishape):])
+    out_index = [next(rest) if indices[i] is None else operand(kb, indices[i], ishape, bi)
+                 for i in range(x.ndim)]
+    ctx.emit_scatter(kb, target, out_index, operand(kb, v, shape, idx),
+                     reduce="sum" if accumulate else None)
+    ctx.bind(target)
+
+
+def _masked_fill(ctx: OpCtx, x: View, indices: list, v, accumulate: bool) -> None:
+    """``x[mask] = v`` with a boolean mask over x's leading dims and one value: a select."""
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    m = indices[pos[0]]
+    if len(pos) != 1 or pos[0] != 0 or tuple(m.shape) != tuple(x.shape[:m.ndim]) \
+            or not (not isinstance(v, View) or math.prod(v.shape) == 1):
+        raise LoweringError("x[mask] = v with a boolean mask and several values: how many "
+                            "elements the mask selects is known only at run time")
+    out = ctx.output()
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(out.ndim)
+    val = kb.load(v, [Aff.lit(0)] * v.ndim) if isinstance(v, View) else Const(v)
+    old = kb.load(x, idx)
+    new = Call("add", (old, val)) if accumulate else val
+    ctx.emit(kb, out, idx, Call("select", (kb.load(m, idx[:m.ndim]), new, old)))
+    ctx.bind(out)
+
+
+def _scatter_along(ctx: OpCtx, x: View, dim: int, index: View, src, reduce: str | None,
+                   include_self: bool = True) -> None:
+    """``out[.., index[p], ..] (reduce)= src[p]`` for every position ``p`` of ``index``
+    (``scatter``, ``scatter_add``, ``scatter_reduce``): a scatter kernel over ``index``."""
+    dim %= x.ndim
+    target = _target(ctx, x, src, index)
+    shape = tuple(index.shape)
+    idx = dims_vars(len(shape))
+    if not include_self and reduce is not None:
+        # positions any point hits start from the reduction's identity, not from x
+        kb = ctx.builder(shape)
+        oi = list(idx)
+        oi[dim] = kb.load(index, idx)
+        ident = {"sum": 0, "prod": 1, "max": -math.inf, "min": math.inf}[reduce]
+        if target.dtype not in ("f64", "f32", "f16", "bf16") and reduce in ("max", "min"):
+            raise LoweringError("scatter_reduce amax/amin with include_self=False on integers")
+        ctx.emit_scatter(kb, target, oi, Const(ident))
+    kb = ctx.builder(shape)
+    oi = list(idx)
+    oi[dim] = kb.load(index, idx)
+    body = kb.load(src, idx) if isinstance(src, View) else Const(src)
+    ctx.emit_scatter(kb, target, oi, body, reduce=reduce)
+    ctx.bind(target)
+
+
+@rule("aten.scatter.src", "aten.scatter.value")
+def scatter(ctx: OpCtx) -> None:
+    """``x.scatter(dim, index, src|value)``: every position of ``index`` overwrites one
+    element (a scatter kernel; indices repeated within a row leave which write wins
+    undefined, as in PyTorch)."""
+    x, dim, index, v = ctx.args[0], ctx.args[1], ctx.args[2], ctx.args[3]
+    if len(ctx.args) > 4 or ctx.kwargs.get("reduce"):
+        raise LoweringError("scatter with reduce= (deprecated): use scatter_reduce")
+    _scatter_along(ctx, x, dim, index, v, None)
+
+
+@rule("aten.scatter_add")
+def scatter_add(ctx: OpCtx) -> None:
+    """``x.scatter_add(dim, index, src)``: ``out[.., index[p], ..] += src[p]``."""
+    x, dim, index, src = ctx.args[:4]
+    _scatter_along(ctx, x, dim, index, src, "sum")
+
+
+SCATTER_REDUCE = {"sum": "sum", "prod": "prod", "amax": "max", "amin": "min"}
+
+
+@rule("aten.scatter_reduce.two")
+def scatter_reduce(ctx: OpCtx) -> None:
+    """``x.scatter_reduce(dim, index, src, reduce, include_self)``, ``reduce`` one of
+    sum, prod, amax, amin (``mean`` divides by a count per position: not lowered)."""
+    x, dim, index, src, red = ctx.args[:5]
+    include_self = ctx.args[5] if len(ctx.args) > 5 else ctx.kwargs.get("include_self", True)
+    if red not in SCATTER_REDUCE:
+        raise LoweringError(f"scatter_reduce with reduce={red!r}")
+    _scatter_along(ctx, x, dim, index, src, SCATTER_REDUCE[red], include_self)
 
 
 @rule("aten.slice_scatter")
@@ -120,12 +233,7 @@ def slice_scatter(ctx: OpCtx) -> None:
 
 
 def _write_slice(ctx: OpCtx, x: View, src, dim: int, start, end, step) -> None:
-    reads_itself = isinstance(src, View) and src.base == x.base     # y[:, 1:4] = y[:, 0:3]
-    if x.is_full and not reads_itself and not _later_readers_of_base(ctx, x.base):
-        target = x                                   # in place
-    else:
-        target = ctx.output()
-        _copy_into(ctx, target, x)
+    target = _target(ctx, x, src)          # y[:, 1:4] = y[:, 0:3] reads itself: a copy
     meta = torch.ops.aten.slice.Tensor(target.meta, dim, start, end, step)
     _copy_into(ctx, View(target.base, meta, target.base_shape), src)
     ctx.bind(target)

@@ -1,0 +1,343 @@
+"""A stated routing assumption for dispatch whose sizes depend on routing decisions.
+
+A mixture-of-experts layer written by hand sends tokens to experts with sizes that
+depend on the router's choices: ``torch.where(mask[e])``, ``nonzero``, ``bincount``
+and ``.tolist()`` of per-expert counts, ``if tokens.numel() == 0: continue``, boolean
+masks selecting rows. Tracing cannot follow any of it: the sizes are tensor values.
+
+Under :class:`RoutingMode` the routing *decisions* take values fixed by an assumption,
+and everything computed from them is computed for real, on small CPU "shadow" tensors
+that travel with the traced (fake) tensors:
+
+* ``topk(x, k, dim)`` on data (the router's scores) returns the indices of the
+  assumption and the scores gathered at them; ``argmax``/``max(x, dim)`` are ``k = 1``.
+  ``balanced`` (the default): row ``r``, slot ``j`` picks ``(r*k + j) mod n``, so each of
+  the ``n`` experts receives ``T*k/n`` (token, slot) pairs, to within one.
+  ``concentrated``: every row picks ``0..k-1`` (the fewest experts, hence the fewest
+  expert weights, any routing can touch).
+* Integer and boolean tensors computed only from those indices and from constants
+  (``one_hot``, comparisons, sums, ``argsort``, ``bincount``, ``histc``) carry a shadow
+  with their values under the assumption.
+* What needs values (``nonzero``, one-argument ``where``, ``bincount``, ``unique``,
+  ``masked_select``, a boolean mask as an index, ``tolist``/``item``/``bool``/``int``)
+  is answered from the shadow: Python values become plain numbers, data-dependent
+  index tensors become constants of the traced program (with their values when the
+  program is traced on the CPU, as validation does). Branches and loops on them follow
+  the assumption.
+
+The traced program is the user's program with the router's choices fixed: the same
+expert evaluations (``T*k`` in all), the same gathers and ``index_add_`` scatters.
+Validation runs the user's model under the same assumption (:class:`ForcedRouting`),
+so the IR is checked against the model itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+ROUTINGS = ("balanced", "concentrated")
+DEFAULT_ROUTING = "balanced"
+SHADOW_LIMIT = 1 << 24          # largest tensor given a shadow (elements)
+
+# functions whose Python result needs the tensor's values
+_PY_VALUE = frozenset({"tolist", "item", "__bool__", "__int__", "__index__", "__float__",
+                       "numpy", "__array__", "__len__"})
+# functions whose output size depends on values: answered from the shadows
+_DATA_SIZED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
+                         "bincount", "nonzero_static"})
+# routing bookkeeping the IR has no rule for: on shadowed inputs, its results become
+# constants (named in the note: their work, O(T*k) elements, is not counted)
+_PRECOMPUTED = frozenset({"sort", "argsort", "msort", "histc", "searchsorted", "bucketize",
+                          "kthvalue", "median"})
+# deterministic factories: a shadow for integer/boolean results
+_FACTORIES = frozenset({"arange", "zeros", "ones", "full", "tensor", "as_tensor", "eye",
+                        "zeros_like", "ones_like", "full_like", "range", "linspace"})
+
+
+class _plain:
+    """Plain eager CPU computation: no dispatch modes (fake tensors, tracing) and no
+    torch-function modes (a ``torch.device`` context, this module's own)."""
+
+    def __enter__(self):
+        self.a = _disable_current_modes()
+        self.b = torch._C.DisableTorchFunction()
+        self.a.__enter__()
+        self.b.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.b.__exit__(*exc)
+        self.a.__exit__(*exc)
+        return False
+
+
+def choices(rows: int, n: int, k: int, routing: str) -> torch.Tensor:
+    """The (rows, k) indices the assumption picks among ``n`` choices.
+
+    >>> choices(4, 4, 2, "balanced").tolist()
+    [[0, 1], [2, 3], [0, 1], [2, 3]]
+    >>> choices(2, 8, 2, "concentrated").tolist()
+    [[0, 1], [0, 1]]
+    """
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing {routing!r}: expected one of {', '.join(ROUTINGS)}")
+    if k > n:
+        raise ValueError(f"top-{k} of {n} choices")
+    j = torch.arange(k)
+    if routing == "concentrated":
+        return j.expand(rows, k).clone()
+    return (torch.arange(rows)[:, None] * k + j) % n
+
+
+def _forced_indices(x: torch.Tensor, k: int, dim: int, routing: str) -> torch.Tensor:
+    """Indices of the assumption for ``topk(x, k, dim)`` (CPU, int64)."""
+    dim %= max(x.dim(), 1)
+    shape = list(x.shape) if x.dim() else [1]
+    n = shape[dim]
+    rest = shape[:dim] + shape[dim + 1:]
+    idx = choices(math.prod(rest), n, k, routing).reshape(*rest, k)
+    return idx.movedim(-1, dim) if x.dim() else idx.reshape(k)
+
+
+class _Forcing(TorchFunctionMode):
+    """Routing decisions on data take the assumption's values (see the module doc)."""
+
+    def __init__(self, routing: str = DEFAULT_ROUTING):
+        super().__init__()
+        if routing not in ROUTINGS:
+            raise ValueError(f"routing {routing!r}: expected one of {', '.join(ROUTINGS)}")
+        self.routing = routing
+        self.forced = 0                  # routing decisions fixed so far
+
+    def is_data(self, t) -> bool:
+        return True
+
+    def constant(self, ref: torch.Tensor, device) -> torch.Tensor:
+        return ref.to(device)
+
+    def _decide(self, func, name, args, kwargs):
+        """``topk``/``argmax``/``max(x, dim)`` on data: the assumption's choice, or None."""
+        x = args[0] if args else kwargs.get("input")
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or not self.is_data(x):
+            return None
+        a = list(args[1:])
+        if name == "topk":
+            k = a[0] if a else kwargs["k"]
+            dim = a[1] if len(a) > 1 else kwargs.get("dim", -1)
+            largest = a[2] if len(a) > 2 else kwargs.get("largest", True)
+            if not largest:
+                return None
+        elif name in ("argmax", "max"):
+            dim = a[0] if a else kwargs.get("dim")
+            if dim is None or not isinstance(dim, int):
+                return None            # a whole-tensor max is a value, not a choice
+            k = 1
+            keepdim = a[1] if len(a) > 1 else kwargs.get("keepdim", False)
+        else:
+            return None
+        with _plain():
+            ref = _forced_indices(x, int(k), int(dim), self.routing)
+        idx = self.constant(ref, x.device)
+        self.forced += 1
+        values = torch.gather(x, dim, idx)
+        if name == "topk":
+            return torch.return_types.topk((values, idx))
+        if not keepdim:
+            # a constant of its own (a view of a constant made while tracing is not one)
+            with _plain():
+                ref = ref.squeeze(dim)
+            values, idx = values.squeeze(dim), self.constant(ref, x.device)
+        if name == "argmax":
+            return idx
+        return torch.return_types.max((values, idx))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in ("topk", "argmax", "max"):
+            out = self._decide(func, name, args, kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
+
+
+class ForcedRouting(_Forcing):
+    """For a real run (validation): only the routing decisions change."""
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(t) or t.device.type == "meta"
+
+
+class RoutingMode(_Forcing):
+    """While tracing: decisions fixed, values derived from them carried as shadows."""
+
+    def __init__(self, routing: str = DEFAULT_ROUTING):
+        super().__init__(routing)
+        self.shadows = WeakIdKeyDictionary()
+        self.answered: list[str] = []    # data-dependent questions answered, by function
+        self.precomputed: list[str] = []  # bookkeeping replaced by its assumed values
+
+    def is_data(self, t) -> bool:
+        return self.shadow(t) is None
+
+    def shadow(self, t):
+        if not isinstance(t, torch.Tensor):
+            return None
+        s = self.shadows.get(t)
+        if s is not None:
+            return s
+        return None if _is_fake(t) else t          # a real constant is its own value
+
+    def constant(self, ref: torch.Tensor, device) -> torch.Tensor:
+        """A constant of the traced program holding ``ref`` (values kept off meta)."""
+        with _plain():
+            ref = ref.contiguous().clone()       # its own storage: not a view of another
+            c = ref.to(device, copy=True)
+        self.shadows[c] = ref
+        return c
+
+    def _shadow_args(self, args, kwargs):
+        """(args, kwargs) with every tensor replaced by its shadow, or None when one has none."""
+        missing = []
+
+        def sub(a):
+            if isinstance(a, torch.Tensor):
+                s = self.shadow(a)
+                if s is None:
+                    missing.append(a)
+                return s
+            if isinstance(a, torch.device) or (isinstance(a, str) and a in ("meta", "cuda")):
+                return torch.device("cpu")
+            return a
+        sa, sk = tree_map(sub, args), tree_map(sub, kwargs)
+        if "device" in sk:
+            sk["device"] = "cpu"
+        return None if missing else (sa, sk)
+
+    def _run_on_shadows(self, func, args, kwargs):
+        got = self._shadow_args(args, kwargs)
+        if got is None:
+            return None
+        sa, sk = got
+        with _plain():
+            return func(*sa, **sk)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in ("topk", "argmax", "max"):
+            out = self._decide(func, name, args, kwargs)
+            if out is not None:
+                return out
+        if name in _PY_VALUE:
+            s = self.shadow(args[0]) if args else None
+            if s is not None and _is_fake(args[0]):
+                self.answered.append(name)
+                with _plain():
+                    return func(s, *args[1:], **kwargs)
+            return func(*args, **kwargs)
+        if name in _PRECOMPUTED:
+            ref = self._run_on_shadows(func, args, kwargs)
+            if ref is not None:
+                self.precomputed.append(name)
+                dev = args[0].device
+                consts = [self.constant(r, dev) if isinstance(r, torch.Tensor) else r
+                          for r in (ref if isinstance(ref, tuple) else (ref,))]
+                return type(ref)(consts) if isinstance(ref, tuple) else consts[0]
+        if name in _DATA_SIZED or (name == "where" and len(args) + len(kwargs) == 1):
+            ref = self._run_on_shadows(func, args, kwargs)
+            if ref is not None:
+                self.answered.append(name)
+                dev = args[0].device
+                return tree_map(lambda r: self.constant(r, dev)
+                                if isinstance(r, torch.Tensor) else r, ref)
+            if name == "masked_select":
+                x, mask = args[0], args[1]
+                m = self.shadow(mask)
+                if m is not None:
+                    x, mask = torch.broadcast_tensors(x, mask)
+                    return self._index_by_mask(x, (mask,))
+            return func(*args, **kwargs)
+        if name in ("__getitem__", "__setitem__") and len(args) >= 2:
+            idx = args[1] if isinstance(args[1], tuple) else (args[1],)
+            masks = [i for i in idx if isinstance(i, torch.Tensor) and i.dtype == torch.bool]
+            if masks and all(self.shadow(m) is not None for m in masks) \
+                    and self.shadow(args[0]) is None:
+                new = self._mask_to_indices(idx)
+                self.answered.append(name)
+                if name == "__getitem__":
+                    return func(args[0], new)
+                func(args[0], new, *args[2:])
+                return None
+        out = func(*args, **kwargs)
+        self._propagate(func, name, args, kwargs, out)
+        return out
+
+    def _mask_to_indices(self, idx: tuple) -> tuple:
+        """A boolean mask index as the integer index tensors of its true positions."""
+        new = []
+        for i in idx:
+            if isinstance(i, torch.Tensor) and i.dtype == torch.bool:
+                with _plain():
+                    pos = self.shadow(i).nonzero(as_tuple=True)
+                new.extend(self.constant(p, i.device) for p in pos)
+            else:
+                new.append(i)
+        return tuple(new)
+
+    def _index_by_mask(self, x, idx):
+        return x[self._mask_to_indices(idx)]
+
+    def _propagate(self, func, name: str, args, kwargs, out) -> None:
+        inplace = (name.endswith("_") and not name.endswith("__")) or name == "__setitem__"
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if not outs and not inplace:
+            return
+        leaves = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if not leaves and name not in _FACTORIES:
+            return
+        if not leaves and any(t.is_floating_point() or t.is_complex() for t in outs):
+            return                       # float factories: data to be, not routing
+        if any(t.numel() > SHADOW_LIMIT for t in outs + leaves):
+            if inplace and args and isinstance(args[0], torch.Tensor):
+                self.shadows.pop(args[0], None)
+            return
+        if not all(self.shadow(a) is not None for a in leaves):
+            if inplace and args and isinstance(args[0], torch.Tensor):
+                self.shadows.pop(args[0], None)
+            return
+        try:
+            ref = self._run_on_shadows(func, args, kwargs)
+        except Exception:  # noqa: BLE001 - a value we cannot mirror stays unknown
+            if inplace and args and isinstance(args[0], torch.Tensor):
+                self.shadows.pop(args[0], None)
+            return
+        if inplace:
+            return                        # the shadow of args[0] was updated in place
+        refs = [r for r in tree_flatten(ref)[0] if isinstance(r, torch.Tensor)]
+        if len(refs) != len(outs):
+            return
+        for t, r in zip(outs, refs):
+            if _is_fake(t) and tuple(t.shape) == tuple(r.shape):
+                self.shadows[t] = r
+
+
+def routing_note(mode: "RoutingMode") -> str:
+    what = sorted(set(mode.answered))
+    pre = sorted(set(mode.precomputed))
+    return (f"assumption: routing is {mode.routing} ({mode.forced} routing decision(s) fixed: "
+            + ("top-k row r, slot j picks expert (r*k + j) mod E, T*k/E tokens per expert"
+               if mode.routing == "balanced" else "every token picks experts 0..k-1")
+            + "); the sizes and branches that depend on it ("
+            + ", ".join(what or ["none"])
+            + ") follow that routing (--routing balanced|concentrated)"
+            + (f"; routing bookkeeping computed from it while tracing, its work not counted: "
+               f"{', '.join(pre)}" if pre else ""))

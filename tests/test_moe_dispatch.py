@@ -1,0 +1,96 @@
+"""Hand-written mixture-of-experts dispatches: sizes that follow the routing are traced
+under a stated routing assumption, counted as T*k expert evaluations, and validated
+against the model running under the same assumption."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import solbound
+from solbound.frontends.torch.capture import FrontendError
+from solbound.frontends.torch.routing import choices
+from programs import moe_dispatch as m
+
+B4 = 4
+T, D, FF, E, K = m.T, m.D, m.FF, m.E, m.K
+EXPERT = 2 * D * FF                      # one expert's weights (two projections)
+ROUTER = T * D * E
+
+
+def routed_macs(dispatch: str, t: int = T) -> int:
+    """Router (t x D x E), each (token, chosen expert) pair's two projections, and the
+    weighted combine where it is a sum of products (the sorted dispatch sums over k)."""
+    if dispatch == "mask":                                  # top-1, argmax
+        return t * D * E + t * EXPERT
+    combine = t * K * D                                     # index_add_ of w * y, or sum_k
+    return t * D * E + t * K * EXPERT + combine
+
+
+def fused_bytes(experts_touched: int, t: int = T) -> int:
+    """Input and output once, the router, and the weights of the experts that get tokens;
+    the routing's own index tensors are computed on chip."""
+    return (2 * t * D + E * D + experts_touched * EXPERT) * B4
+
+
+def _run(dispatch, routing=None, t=T, validate=True):
+    torch.manual_seed(0)
+    return solbound.analyze(m.Model(dispatch), (torch.randn(t, D),), routing=routing,
+                            validate=validate)
+
+
+@pytest.mark.parametrize("dispatch", ["where", "sort", "mask"])
+def test_balanced_routing_counts_t_times_k_expert_evaluations(dispatch):
+    rep = _run(dispatch)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.macs == routed_macs(dispatch)
+    assert rep.counts.fused.bytes == fused_bytes(E)          # T*k >= E: every expert works
+    stated = [a for a in rep.to_dict()["assumptions"] if a.startswith("assumption: routing")]
+    assert len(stated) == 1 and "balanced" in stated[0]
+
+
+@pytest.mark.parametrize("dispatch,touched", [("where", K), ("sort", K), ("mask", 1)])
+def test_concentrated_routing_reads_only_the_chosen_experts(dispatch, touched):
+    rep = _run(dispatch, routing="concentrated")
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.macs == routed_macs(dispatch)         # the same T*k evaluations
+    assert rep.counts.fused.bytes == fused_bytes(touched)
+
+
+def test_one_token_touches_only_its_k_experts():
+    # a decode step: T*k < E, so the balanced routing reaches k experts, not all E
+    rep = _run("where", t=1)
+    assert rep.counts.macs == routed_macs("where", t=1)
+    assert rep.counts.fused.bytes == fused_bytes(K, t=1)
+
+
+def test_balanced_choices_give_each_expert_t_k_over_e_pairs():
+    for rows, n, k in [(24, 4, 2), (7, 8, 2), (100, 6, 3), (5, 5, 5)]:
+        c = choices(rows, n, k, "balanced")
+        per = torch.bincount(c.reshape(-1), minlength=n)
+        assert per.sum() == rows * k and per.max() - per.min() <= 1
+        assert all(len(set(r)) == k for r in c.tolist())    # k distinct experts per token
+
+
+def test_non_routing_data_dependence_is_still_one_line(tmp_path):
+    f = tmp_path / "branchy.py"
+    f.write_text("import torch\nclass Model(torch.nn.Module):\n"
+                 "    def forward(self, x):\n        if x.sum() > 0:\n            return x\n"
+                 "        return -x\n"
+                 "def get_inputs():\n    return [torch.randn(3)]\n"
+                 "def get_init_inputs():\n    return []\n")
+    with pytest.raises(FrontendError) as e:
+        solbound.analyze_source(str(f))
+    assert "branchy.py:4" in str(e.value) and "routing decision" in str(e.value)
+
+
+def test_cli_routing_flag_and_json_assumption(tmp_path):
+    from solbound.cli import main
+    prog = os.path.join(os.path.dirname(__file__), "programs", "moe_dispatch.py")
+    out = tmp_path / "r.json"
+    assert main(["analyze", prog, "--routing", "concentrated", "--json", str(out), "-q"]) == 0
+    doc = json.loads(out.read_text())
+    assert any("routing is concentrated" in a for a in doc["assumptions"])
+    assert doc["totals"]["bytes"]["fused"] == fused_bytes(K)
