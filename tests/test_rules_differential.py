@@ -306,6 +306,48 @@ case("index_put-mask", lambda s, x: torch.index_put(x, (x > 0.3,), torch.tensor(
      [((4, 3),), ((2, 5),)])
 case("index_copy-runtime-position", None, [((2, 1, 5),), ((2, 3, 5),)],
      {"module": _RuntimeCache})
+# operators PyTorch keeps whole but decomposes (capture.EXTRA_DECOMPOSITIONS)
+for _m, _ac in (("nearest", None), ("bilinear", False), ("bilinear", True)):
+    case(f"interpolate-{_m}-{_ac}", lambda s, x, m=_m, ac=_ac: F.interpolate(
+        x, size=(7, 5), mode=m, align_corners=ac) + F.interpolate(x, scale_factor=2, mode=m,
+                                                                  align_corners=ac).mean(),
+         [((1, 2, 4, 3),), ((2, 1, 5, 6),)])
+case("grid_sample", lambda s, x, g: F.grid_sample(x, torch.tanh(g), align_corners=False)
+     + F.grid_sample(x, torch.tanh(g), mode="nearest", align_corners=True),
+     [((1, 2, 4, 5), (1, 3, 2, 2)), ((2, 1, 3, 3), (2, 2, 4, 2))])
+case("bucketize", lambda s, x: torch.bucketize(x, torch.tensor([-1.0, 0.0, 0.5, 1.0])).float()
+     + torch.bucketize(x, torch.tensor([-0.5, 0.5]), right=True).float(), [(A,), (B,)])
+case("diagonal_scatter", lambda s, x, y: torch.diagonal_scatter(
+    x, y[..., :min(x.shape[-2:])], 0, -2, -1)
+     + torch.diagonal_scatter(x * 1, y[..., :min(x.shape[-2], x.shape[-1] - 1)], 1, -2, -1),
+     [((4, 5), (5,)), ((2, 3, 3), (2, 3))])
+# library routines (ir/library.py), run through numpy
+def _spd(x):
+    return x @ x.mT + x.shape[-1] * torch.eye(x.shape[-1])
+
+
+case("sort", lambda s, x: torch.sort(x, -1).values + torch.sort(x, 0, descending=True).indices,
+     [(A,), (B,)])
+case("kthvalue-median", lambda s, x: torch.kthvalue(x, 2, -1).values + torch.median(x, -1).values
+     + torch.median(x) + torch.kthvalue(x, 1, 0, keepdim=True).indices.sum(), [(A,), (B,)])
+case("cummax-cummin", lambda s, x: torch.cummax(x, -1).values + torch.cummin(x, 0).indices,
+     [(A,), (B,)])
+case("fft", lambda s, x: torch.view_as_real(torch.fft.fft(x)).sum(-1)
+     + torch.fft.irfft(torch.fft.rfft(x, norm="ortho"), n=x.shape[-1], norm="ortho")
+     + torch.fft.ifft2(torch.fft.fft2(x.to(torch.complex64), norm="forward")).real,
+     [(A,), (B,)])
+case("complex", lambda s, x, y: torch.view_as_real(
+    torch.view_as_complex(x) * torch.view_as_complex(y) - torch.view_as_complex(y)),
+     [((3, 2), (3, 2)), ((2, 4, 2), (2, 4, 2))])
+case("linalg", lambda s, a, b: torch.linalg.solve(_spd(a), b).sum() + torch.linalg.inv(_spd(a))
+     + torch.linalg.cholesky(_spd(a)) + torch.linalg.eigvalsh(_spd(a)).sum()
+     + torch.linalg.svdvals(a).sum() + torch.linalg.qr(a).R.abs(),
+     [((4, 4), (4, 2)), ((2, 3, 3), (2, 3, 1))])
+case("histc-searchsorted", lambda s, x: torch.histc(x, 5, -1, 1).sum()
+     + torch.searchsorted(torch.tensor([-1.0, 0.0, 0.7]), x).float()
+     + torch.searchsorted(torch.tensor([-0.5, 0.5]), x, right=True).float(), [(A,), (B,)])
+case("logcumsumexp", lambda s, x: torch.logcumsumexp(x, -1) + torch.logcumsumexp(x, 0),
+     [(A,), (B,)])
 case("index_put-known-positions", None, [((2, 1, 5),), ((2, 2, 5),)], {"module": _IndexCache})
 case("slice_scatter-in-place", None, [((2, 1, 5),), ((2, 3, 5),)], {"module": _Cache})
 # the old value is read afterwards: a fresh tensor, copied and overwritten

@@ -5,7 +5,7 @@ import torch.nn as nn
 class Model(nn.Module):
     def forward(self, x):
         y = torch.relu(x)
-        z = torch.fft.fft(y).real
+        z = torch.lgamma(y + 1)
         return z + 1
 
 

@@ -48,8 +48,14 @@ class KernelCounts:
         return sum(self.flops.values())
 
 
-def _body_ops(k: Kernel) -> tuple[dict[str, int], int]:
-    """Distinct scalar ops per unit (structural CSE), and how many use the SFU."""
+# real FLOPs of one complex operation (a complex product is 4 multiplies and 2 adds; a
+# quotient, 6 multiplies, 3 adds and 2 divisions)
+COMPLEX_FLOPS = {"mul": 6, "add": 2, "sub": 2, "neg": 2, "div": 11}
+
+
+def _body_ops(k: Kernel, cplx: bool = False) -> tuple[dict[str, int], int]:
+    """Distinct scalar ops per unit (structural CSE), and how many use the SFU. In a
+    kernel computing complex values, arithmetic counts its real FLOPs."""
     seen: set = set()
     per_unit: dict[str, int] = defaultdict(int)
     sfu = 0
@@ -58,7 +64,7 @@ def _body_ops(k: Kernel) -> tuple[dict[str, int], int]:
             seen.add(e)
             unit = SCALAR_OPS[e.op][1]
             if unit is not None:
-                per_unit[unit] += 1
+                per_unit[unit] += COMPLEX_FLOPS.get(e.op, 1) if cplx else 1
             sfu += e.op in SFU_OPS
     return dict(per_unit), sfu
 
@@ -151,13 +157,24 @@ def _sums_of_products(g: Graph, kcs: list[KernelCounts]) -> None:
             continue
         if not isinstance(body, Access) or body.indirect:
             continue
-        prod = g.producers.get(body.tensor, [])
+        src = body.tensor
+        prod = g.producers.get(src, [])
+        # through copies and casts (a product cast to the output's dtype, then added)
+        for _ in range(4):
+            if len(prod) != 1 or g.nodes[prod[0]].kind != "map":
+                break
+            inner = _strip_cast(g.nodes[prod[0]].kernel.body)
+            if not isinstance(inner, Access) or inner.indirect \
+                    or kcs[prod[0]].points != kcs[i].points:
+                break
+            src = inner.tensor
+            prod = g.producers.get(src, [])
         # a product summed by several reductions is one set of multiplies: the first sum
         # that reads it whole carries the MACs, the others are plain additions
         if len(prod) == 1 and g.nodes[prod[0]].kind == "map" \
-                and _is_product(g.nodes[prod[0]].kernel.body) and body.tensor not in summed \
+                and _is_product(g.nodes[prod[0]].kernel.body) and src not in summed \
                 and kcs[i].points == kcs[prod[0]].points:
-            summed.add(body.tensor)
+            summed.add(src)
             kcs[i].macs = kcs[i].points
 
 
@@ -165,12 +182,25 @@ def count_kernel(n: Einsum, tensors, origin: dict[str, str] | None = None) -> Ke
     k = n.kernel
     ext = k.count_extents
     points = domain_size(ext, k.guard)
-    body, sfu = _body_ops(k)
+    body, sfu = _body_ops(k, tensors[k.out].dtype in ("c64", "c128"))
     flops: dict[str, int] = {MATRIX: 0, VECTOR: 0, SPECIAL: 0}
     macs = 0
     matrix_class = ""
     dtype = tensors[k.out].dtype
-    if n.kind == "contraction":
+    if n.kind == "library":
+        from ..ir.library import routine_cost
+        names = list(dict.fromkeys(a.tensor for a in n.operands))
+        cost = routine_cost(k.lib[0], [tensors[t].shape for t in names], k.lib_params)
+        for unit, c in cost.items():
+            flops[unit] += c
+        if flops[MATRIX]:
+            matrix_class, macs = "matmul", flops[MATRIX] // 2
+        if names:
+            dtype = tensors[names[0]].dtype
+        points = tensors[k.out].numel
+        per_point = {}
+        sfu = 0
+    elif n.kind == "contraction":
         macs = points
         # the precision of the program's own operands (narrowest of the two)
         dts = [(origin or {}).get(x.tensor) or tensors[x.tensor].dtype

@@ -26,6 +26,7 @@ def _strip_cast(e):
 class Einsum:
     kernel: Kernel
     kind: str                      # contraction | map | reduction | scan | argreduce | scatter
+    #                                | library
     operands: tuple[Access, ...]   # distinct accesses read (nested indirect ones included)
     signature: str                 # e.g. "x[d0,r0] * w[d1,r0] -> y[d0,d1] (sum r0)"
 
@@ -35,6 +36,8 @@ class Einsum:
 
 
 def classify(k: Kernel) -> str:
+    if k.lib:
+        return "library"
     if k.scatter:
         return "scatter"
     if k.scan is not None:
@@ -59,6 +62,8 @@ def _sig(k: Kernel, ops: tuple[Access, ...]) -> str:
     red = f" ({k.reduce} {','.join(k.reduce_vars)})" if k.reduce_vars else ""
     if k.scatter:
         red = f" (scatter{', ' + k.reduce if k.reduce else ''})"
+    if k.lib:
+        red = f" (library {k.lib[0]})"
     if k.scan:
         red = f" ({k.reduce}-scan {k.scan})"
     return f"{lhs} -> {out}{red}"

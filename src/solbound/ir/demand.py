@@ -148,7 +148,7 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
         t = p.out
         # several writers (the parts of a concatenation) are each confined to the
         # readers' region: what a writer skips is never read after it
-        if (t not in intermediates or p.scan is not None or p.scatter
+        if (t not in intermediates or p.scan is not None or p.scatter or p.lib
                 or p.out2 is not None or p.loop is not None):
             continue
         found = _identity_writer(p)

@@ -22,7 +22,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .affine import Aff, Atom, guard_holds
 from .model import (EXTERNAL_ROLES, Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl,
-                    loop_segments)
+                    accesses, loop_segments)
 
 CHUNK_ELEMENTS = 1 << 25
 
@@ -88,6 +88,8 @@ OPS: dict[str, Callable] = {
     "expm1": np.expm1, "tanh": np.tanh, "erf": _erf, "sqrt": np.sqrt,
     "rsqrt": lambda a: 1.0 / np.sqrt(a), "recip": lambda a: _div(1.0, a), "sigmoid": _sigmoid,
     "sin": np.sin, "cos": np.cos, "pow": np.power, "atan": np.arctan, "erfinv": _erfinv,
+    "complex": lambda re, im: np.asarray(re) + 1j * np.asarray(im), "real": np.real,
+    "imag": np.imag,
 }
 
 REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "any": np.any,
@@ -225,6 +227,15 @@ class _KernelExec:
         out = self.arrays[k.out]
         if k.scatter:
             self.run_scatter(out)
+            return
+        if k.lib:
+            from .library import run_routine
+            names = list(dict.fromkeys(a.tensor for a in accesses(k.body)))
+            res = run_routine(k.lib[0], [self.arrays[t] for t in names], k.lib_params)
+            res = np.asarray(res)
+            if not np.iscomplexobj(out) and np.iscomplexobj(res):
+                raise ExecutionError(f"library {k.lib[0]} returned complex values for {k.out}")
+            out[...] = res.reshape(out.shape).astype(out.dtype, copy=False)
             return
         keep = [d for d in self.dims if d not in k.reduce_vars]
         # chunk over the outermost kept dim when the loop nest is large

@@ -92,6 +92,10 @@ SCALAR_OPS: dict[str, tuple[int, str | None]] = {
     "recip": (1, SPECIAL), "sigmoid": (1, SPECIAL), "sin": (1, SPECIAL),
     "cos": (1, SPECIAL), "pow": (2, SPECIAL), "atan": (1, SPECIAL),
     "erfinv": (1, SPECIAL),
+    # complex numbers from and to their parts (data movement, no arithmetic)
+    "complex": (2, None), "real": (1, None), "imag": (1, None),
+    # the operands of a library routine (``Kernel.lib``): any number, no arithmetic
+    "operands": (-1, None),
 }
 # special functions with a hardware special-function-unit instruction (one each, at
 # least); the others (erf, atan, erfinv) are polynomial code on the vector pipe
@@ -148,7 +152,7 @@ class Call:
         if self.op not in SCALAR_OPS:
             raise ValueError(f"unknown scalar op {self.op!r}")
         arity = SCALAR_OPS[self.op][0]
-        if len(self.args) != arity:
+        if arity >= 0 and len(self.args) != arity:
             raise ValueError(f"{self.op} takes {arity} operands, got {len(self.args)}")
 
 
@@ -233,6 +237,12 @@ class Kernel:
     * ``guard`` restricts the points that evaluate the body. For a reduction the
       other points contribute nothing; for a map they write ``fill``.
     * ``out2`` is the second output of ``argmax``/``argmin`` (the value).
+    * ``lib = (routine, ((param, value), ...))`` makes a **library** kernel: a routine with
+      no affine loop nest (a sort, an FFT, a factorization; ``ir/library.py``) computes the
+      whole of ``out`` from the tensors its body reads, ``operands(a[...], b[...])``, each
+      access covering what the routine reads (so footprints stay exact). ``dims`` index
+      those accesses and ``out`` (identity); the routine's work is its documented
+      convention, not the loop nest's points.
     * A kernel whose ``out_index`` holds an indirect entry (an :class:`Access`, e.g.
       ``out[idx[i], j]``) is a **scatter**: every point of the loop nest writes its own
       element at a position read from a tensor. ``reduce`` is then how the value combines
@@ -263,6 +273,7 @@ class Kernel:
     # sharing a loop id form one loop body, executed in order for each iteration; the
     # variable may appear in the kernel's indices and guards (e.g. a time step).
     loop: tuple[str, int, int] | None = None
+    lib: tuple = ()
 
     @property
     def extents(self) -> dict[str, int]:
@@ -284,6 +295,15 @@ class Kernel:
                        guard=tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in self.guard))
 
     @property
+    def library(self) -> bool:
+        """A library routine (see the class doc)."""
+        return bool(self.lib)
+
+    @property
+    def lib_params(self) -> dict:
+        return dict(self.lib[1]) if self.lib else {}
+
+    @property
     def scatter(self) -> bool:
         """The output index is data-dependent (see the class doc)."""
         return any(isinstance(a, Access) for a in self.out_index)
@@ -294,7 +314,7 @@ class Kernel:
 
     @property
     def reduce_vars(self) -> tuple[str, ...]:
-        if self.reduce is None or self.scan is not None or self.scatter:
+        if self.reduce is None or self.scan is not None or self.scatter or self.lib:
             return ()
         used = self.out_vars
         return tuple(d for d, _ in self.dims if d not in used)

@@ -144,6 +144,9 @@ def print_guard(g: Guard) -> str:
 def print_kernel(k: Kernel) -> str:
     dims = ", ".join(f"{d}={n}" for d, n in k.dims)
     lines = [f"@kernel({dims})"]
+    if k.lib:
+        params = "".join(f", {key}={val!r}" for key, val in k.lib[1])
+        lines.append(f"@library(name={_quote(k.lib[0])}{params})")
     meta = [(key, val) for key, val in (("op", k.op), ("name", k.opname), ("src", k.src),
                                         ("unit", k.unit)) if val]
     if meta:
@@ -358,7 +361,7 @@ class _KernelParser:
             if node.keywords:
                 raise _err(node, f"{fn} takes no keyword arguments")
             arity = SCALAR_OPS[fn][0]
-            if len(node.args) != arity:
+            if arity >= 0 and len(node.args) != arity:
                 raise _err(node, f"{fn} takes {arity} operands, got {len(node.args)}")
             return Call(fn, tuple(self.expr(a) for a in node.args))
         raise _err(node, f"{type(node).__name__} is not allowed in an IR expression")
@@ -378,14 +381,19 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
         raise _err(fn, f"kernel {name} must take no arguments")
     dims: dict[str, int] = {}
     meta: dict[str, str] = {}
+    lib: tuple = ()
     seen_dec: set[str] = set()
     for dec in fn.decorator_list:
         if not (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Name)
-                and dec.func.id in ("kernel", "origin") and not dec.args):
-            raise _err(dec, "decorators are @kernel(dim=extent, ...) and @origin(...) only")
+                and dec.func.id in ("kernel", "origin", "library") and not dec.args):
+            raise _err(dec, "decorators are @kernel(dim=extent, ...), @library(name=..., ...) "
+                            "and @origin(...) only")
         if dec.func.id in seen_dec:
             raise _err(dec, f"duplicate @{dec.func.id}")
         seen_dec.add(dec.func.id)
+        if dec.func.id == "library":
+            lib = _parse_library(dec)
+            continue
         for kw in dec.keywords:
             if kw.arg is None:
                 raise _err(dec, "no ** in decorators")
@@ -457,6 +465,8 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
         body = kp.expr(rhs)
     if len(outs) == 2 and reduce not in ("argmax", "argmin"):
         raise _err(stmt, "only argmax/argmin write two outputs")
+    if lib and (len(outs) != 1 or reduce is not None or guard):
+        raise _err(stmt, f"kernel {name}: a library kernel is 'out[...] = operands(...)'")
     scatter = any(o.indirect for o in outs)
     if scatter and (len(outs) != 1 or guard or scan is not None
                     or reduce not in (None, "sum", "prod", "max", "min")):
@@ -466,7 +476,7 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
             and tensors[outs[0].tensor].role not in ("input", "buffer"):
         raise _err(stmt, f"kernel {name}: scatters into {outs[0].tensor} before it is written")
     out_vars = {v for i in outs[0].index for v in index_vars(i)}
-    if (reduce is None or scan is not None) and not scatter:
+    if (reduce is None or scan is not None) and not scatter and not lib:
         missing = [d for d in dims if d not in out_vars]
         if missing:
             raise _err(stmt, f"kernel {name}: loop dimension(s) {', '.join(missing)} do not appear "
@@ -477,7 +487,27 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
                   out_index=outs[0].index, body=body, reduce=reduce, guard=guard, fill=fill,
                   scan=scan, out2=outs[1].tensor if len(outs) == 2 else None,
                   op=meta.get("op", ""), opname=meta.get("name", ""), src=meta.get("src", ""),
-                  unit=meta.get("unit", ""), loop=loop)
+                  unit=meta.get("unit", ""), loop=loop, lib=lib)
+
+
+def _parse_library(dec: ast.Call) -> tuple:
+    """``@library(name="sort", dim=1, ...)``: the routine and its parameters (literals)."""
+    from .library import ROUTINES
+    name, params = None, []
+    for kw in dec.keywords:
+        if kw.arg is None:
+            raise _err(dec, "no ** in decorators")
+        try:
+            val = ast.literal_eval(kw.value)
+        except ValueError:
+            raise _err(kw.value, f"@library {kw.arg} must be a literal") from None
+        if kw.arg == "name":
+            name = val
+        else:
+            params.append((kw.arg, val))
+    if name not in ROUTINES:
+        raise _err(dec, f"unknown library routine {name!r} (known: {', '.join(sorted(ROUTINES))})")
+    return (name, tuple(params))
 
 
 def _parse_loop(stmt: ast.For, tensors: dict[str, TensorDecl], lid: int) -> tuple[str, int, int]:

@@ -435,14 +435,32 @@ RECURRENT = ("aten.lstm.input", "aten.gru.input", "aten.rnn_tanh.input", "aten.r
 KEEP = RECURRENT + ("aten.tril.default", "aten.triu.default")
 
 
+# core ATen operators that torch keeps whole but decomposes well into gathers and
+# arithmetic (PyTorch's own decompositions: the index computation, the gathers, the
+# interpolation weights): nearest and bilinear upsampling, grid sampling, diagonal
+# scatter, bucketize (a binary search, unrolled)
+EXTRA_DECOMPOSITIONS = ("upsample_nearest2d.vec", "upsample_nearest2d.default",
+                        "upsample_bilinear2d.vec", "upsample_bilinear2d.default",
+                        "upsample_nearest1d.default", "upsample_nearest3d.default",
+                        "grid_sampler_2d.default", "bucketize.Tensor")
+
+
 def _decomp_table():
     """Core ATen decompositions, except recurrent layers (lowered whole, as a loop over
-    time steps; unrolling them would make thousands of nodes) and triangular masks."""
+    time steps; unrolling them would make thousands of nodes) and triangular masks, plus
+    PyTorch's decompositions of the operators in EXTRA_DECOMPOSITIONS."""
+    import torch
+    from torch._decomp import decomposition_table
     from torch.export import default_decompositions
     table = default_decompositions()
     for op in list(table.keys()):
         if str(op) in KEEP:
             del table[op]
+    for name in EXTRA_DECOMPOSITIONS:
+        packet, overload = name.split(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        if op in decomposition_table:
+            table[op] = decomposition_table[op]
     return table
 
 

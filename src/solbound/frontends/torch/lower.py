@@ -473,6 +473,8 @@ class Lowering:
         ep = self.ep
         sig = ep.graph_signature
         kinds: dict[str, tuple[str, str]] = {}
+        tokens = {spec.arg.name: spec.kind.name == "TOKEN" for spec in sig.input_specs
+                  if hasattr(spec.arg, "name")}
         for spec in sig.input_specs:
             kind = spec.kind.name
             role = {"USER_INPUT": "input", "PARAMETER": "parameter", "BUFFER": "buffer",
@@ -483,6 +485,9 @@ class Lowering:
         for node in graph.nodes:
             if node.op == "placeholder":
                 val = node.meta.get("val")
+                if tokens.get(node.name):
+                    self.env[node] = None     # an effect token orders side effects only
+                    continue
                 role, target = kinds.get(node.name, ("input", node.name))
                 if not isinstance(val, torch.Tensor):
                     self.env[node] = val

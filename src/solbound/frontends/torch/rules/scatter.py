@@ -221,6 +221,32 @@ def scatter_reduce(ctx: OpCtx) -> None:
     _scatter_along(ctx, x, dim, index, src, SCATTER_REDUCE[red], include_self)
 
 
+@rule("aten.diagonal_scatter")
+def diagonal_scatter(ctx: OpCtx) -> None:
+    """``torch.diagonal_scatter(x, src, offset, dim1, dim2)``: ``src`` written on a diagonal
+    of ``x`` (an affine write: the diagonal's index in both of its coordinates)."""
+    x, src = ctx.args[0], ctx.args[1]
+    a = list(ctx.args[2:]) + [None] * 3
+    offset = a[0] if a[0] is not None else ctx.kwargs.get("offset", 0)
+    d1 = (a[1] if a[1] is not None else ctx.kwargs.get("dim1", 0)) % x.ndim
+    d2 = (a[2] if a[2] is not None else ctx.kwargs.get("dim2", 1)) % x.ndim
+    target = _target(ctx, x, src)
+    kb = ctx.builder(src.shape)
+    idx = dims_vars(src.ndim)
+    rest = iter(idx[:-1])
+    i = idx[-1]
+    out_index = []
+    for d in range(x.ndim):
+        if d == d1:
+            out_index.append(i + max(-offset, 0))
+        elif d == d2:
+            out_index.append(i + max(offset, 0))
+        else:
+            out_index.append(next(rest))
+    ctx.emit(kb, target, out_index, kb.load(src, idx))
+    ctx.bind(target)
+
+
 @rule("aten.slice_scatter")
 def slice_scatter(ctx: OpCtx) -> None:
     x, src = ctx.args[0], ctx.args[1]
