@@ -23,7 +23,7 @@ that travel with the traced (fake) tensors:
   is answered from the shadow: Python values become plain numbers, data-dependent
   index tensors become constants of the traced program (with their values when the
   program is traced on the CPU, as validation does). Branches and loops on them follow
-  the assumption.
+  the assumption. Sorts and histograms of the routing stay in the program (counted).
 
 The traced program is the user's program with the router's choices fixed: the same
 expert evaluations (``T*k`` in all), the same gathers and ``index_add_`` scatters.
@@ -53,8 +53,8 @@ _DATA_SIZED = frozenset({"nonzero", "argwhere", "masked_select", "unique", "uniq
                          "bincount", "nonzero_static"})
 # routing bookkeeping the IR has no rule for: on shadowed inputs, its results become
 # constants (named in the note: their work, O(T*k) elements, is not counted)
-_PRECOMPUTED = frozenset({"sort", "argsort", "msort", "histc", "searchsorted", "bucketize",
-                          "kthvalue", "median"})
+# (sorts, histograms and searches have rules now: they are traced and counted)
+_PRECOMPUTED: frozenset[str] = frozenset()
 # deterministic factories: a shadow for integer/boolean results
 _FACTORIES = frozenset({"arange", "zeros", "ones", "full", "tensor", "as_tensor", "eye",
                         "zeros_like", "ones_like", "full_like", "range", "linspace"})
