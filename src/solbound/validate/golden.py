@@ -524,9 +524,10 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
                                         f"file or factory (built on the CPU to validate), or pass "
                                         f"real tensors"}
             return rep.validation
-    import torch
-    with torch.no_grad():
-        ep = export_program(model, tuple(inputs), rep.source, keep_experts=keep, routing=routing)
+    # traced as the analysis traced it (grad mode on): under no_grad some operators
+    # decompose differently (a 3-d linear as bmm instead of addmm), which would change the
+    # kernel structure being checked
+    ep = export_program(model, tuple(inputs), rep.source, keep_experts=keep, routing=routing)
     low = lower(ep, (), input_structure(inputs), state_structure(model))
     if reduced is None and _structure(low.program) != _structure(lowered.program):
         rep.validation = {"status": "failed",
