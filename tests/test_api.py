@@ -105,7 +105,18 @@ def test_validation_statuses_that_prove_nothing_are_not_passes():
 
         def forward(self, x):
             return self.head(torch.relu(x))
-    rep = solbound.analyze(ZeroHead(), torch.randn(2, 4), validate=True)
+    # a zero-initialized head: its parameters are redrawn for the check (and put back)
+    m = ZeroHead()
+    rep = solbound.analyze(m, torch.randn(2, 4), validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.validation["redrawn"] == ["head.weight", "head.bias"]
+    assert "redrawn" in rep.validation["summary"] and not torch.any(m.head.weight)
+
+    # an output constant whatever the parameters: inconclusive, never passed
+    class ConstantOut(nn.Module):
+        def forward(self, x):
+            return x * 0 + 1
+    rep = solbound.analyze(ConstantOut(), torch.randn(2, 4), validate=True)
     assert rep.validation["status"] == "inconclusive" and "constant" in rep.validation["reason"]
     # an unsupported operator: skipped, with the operator named
     from helpers import Fn

@@ -94,3 +94,29 @@ def test_cli_routing_flag_and_json_assumption(tmp_path):
     doc = json.loads(out.read_text())
     assert any("routing is concentrated" in a for a in doc["assumptions"])
     assert doc["totals"]["bytes"]["fused"] == fused_bytes(K)
+
+
+def test_selection_sizes_follow_the_stated_fraction():
+    from helpers import Fn
+    x = torch.randn(8, 8)
+    f = lambda s, x: (x[x > 0] * 3).sum()                               # noqa: E731
+    with pytest.raises(FrontendError, match="--select-fraction"):
+        solbound.analyze(Fn(f), (x,))
+    rep = solbound.analyze(Fn(f), (x,), select_fraction=0.25, validate=True)
+    # 16 of 64 elements selected: 16 products, 16 additions; 16 elements read
+    assert rep.counts.flops["vector"] == 32
+    assert rep.counts.fused.bytes == 16 * B4 + B4
+    stated = [a for a in rep.to_dict()["assumptions"] if "fraction 0.25" in a]
+    assert stated and "16 of 64" in stated[0]
+    assert rep.validation["status"] == "skipped" and "select-fraction" in rep.validation["reason"]
+
+
+def test_bincount_with_minlength_is_a_scatter_add_under_a_stated_bound():
+    from helpers import Fn
+    x = torch.tensor([0, 3, 3, 7, 1, 3])
+    rep = solbound.analyze(Fn(lambda s, x: torch.bincount(x, minlength=8).float() * 2), (x,),
+                           validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    assert any("values below minlength=8" in a for a in rep.to_dict()["assumptions"])
+    # one increment per value, one product per bin
+    assert rep.counts.flops["vector"] == 6 + 8

@@ -348,6 +348,23 @@ case("histc-searchsorted", lambda s, x: torch.histc(x, 5, -1, 1).sum()
      + torch.searchsorted(torch.tensor([-0.5, 0.5]), x, right=True).float(), [(A,), (B,)])
 case("logcumsumexp", lambda s, x: torch.logcumsumexp(x, -1) + torch.logcumsumexp(x, 0),
      [(A,), (B,)])
+class _Bags(nn.Module):
+    """embedding_bag in every mode, bags from run-time offsets (one empty) and fixed-size
+    bags from 2-d indices, with per-sample weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(9, 5))
+
+    def forward(self, x):
+        idx = _ix(x, 9, 7)
+        off = torch.tensor([0, 2, 2, 5])
+        out = sum(F.embedding_bag(idx, self.w, off, mode=m).sum() for m in ("sum", "mean", "max"))
+        return out + F.embedding_bag(idx[:6].view(2, 3), self.w, mode="mean") \
+            + F.embedding_bag(idx, self.w, off, mode="sum", per_sample_weights=x.reshape(-1)[:7])[:2]
+
+
+case("embedding_bag", None, [((3, 5),), ((2, 7),)], {"module": _Bags})
 case("index_put-known-positions", None, [((2, 1, 5),), ((2, 2, 5),)], {"module": _IndexCache})
 case("slice_scatter-in-place", None, [((2, 1, 5),), ((2, 3, 5),)], {"module": _Cache})
 # the old value is read afterwards: a fresh tensor, copied and overwritten

@@ -148,3 +148,26 @@ def test_validate_ir_written_by_hand(tmp_path):
     assert _cli("validate", str(src), "--ir", str(ir)).returncode == 0
     ir.write_text(ir.read_text().replace("* 2.0", "* 3.0"))
     assert _cli("validate", str(src), "--ir", str(ir)).returncode == 1
+
+
+def test_over_budget_inputs_are_cut_down_when_no_constant_holds_the_size():
+    # the sizes live only in the caller's tensors: the batch is halved until it fits
+    import torch
+    import torch.nn as nn
+    import solbound
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    rep = solbound.analyze(m, (torch.randn(512, 64),), validate=True, max_bytes=200_000)
+    v = rep.validation
+    assert v["status"] == "passed" and v["reduced"], v
+    assert v["reduced_by"].startswith("inputs dim 0: 512->") and "reduced shapes" in v["summary"]
+
+
+def test_literal_sizes_in_get_inputs_and_init_are_reduced_together():
+    import os
+    import solbound
+    path = os.path.join(os.path.dirname(__file__), "programs", "literal_sizes.py")
+    rep = solbound.analyze_source(path, validate=True, max_seconds=5, max_bytes=2**28)
+    v = rep.validation
+    assert v["status"] == "passed" and v["reduced"], v
+    assert "get_init_inputs 2048->" in v["reduced_by"]

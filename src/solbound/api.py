@@ -37,14 +37,16 @@ def analyze_lowered(lowered, *, source: str, arch=None, precision_policy: str | 
 def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = None,
             source: str | None = None, validate: bool = False,
             keep_experts_dispatch: bool = False, routing: str | None = None,
-            **validate_opts) -> Report:
+            select_fraction: float | None = None, **validate_opts) -> Report:
     """Analyze ``module(*inputs)``: capture, lower to the loop IR, count, bound.
 
     ``inputs`` may be real or meta tensors; capture itself runs on fake tensors.
     ``arch`` is a comma-separated string of catalog ids, a list of ids/specs, or
     ``None`` for the default set. ``routing`` is the assumption a dispatch whose sizes
     follow routing decisions is traced under (``"balanced"``, the default, or
-    ``"concentrated"``; see ``frontends/torch/routing.py``).
+    ``"concentrated"``; see ``frontends/torch/routing.py``). ``select_fraction`` states
+    how much of its input a selection whose size only the data knows keeps (``nonzero``,
+    ``masked_select``, ``x[mask]``); without it such a program stops with a one-line error.
     """
     from .frontends.torch.capture import export_program, input_structure, state_structure
     from .frontends.torch.lower import lower
@@ -53,8 +55,10 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
         inputs = (inputs,)                       # a bare tensor: the one input
     src = source or type(module).__name__
     t0 = time.perf_counter()
+    if select_fraction is not None and not 0 <= select_fraction <= 1:
+        raise ValueError(f"select_fraction {select_fraction}: expected a number in [0, 1]")
     ep = export_program(module, tuple(inputs), src, keep_experts=keep_experts_dispatch,
-                        routing=routing)
+                        routing=routing, select_fraction=select_fraction)
     t1 = time.perf_counter()
     user_files = (source,) if source and os.path.exists(source) else ()
     lowered = lower(ep, user_files, input_structure(inputs), state_structure(module))
@@ -63,6 +67,8 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
                           timings={"export_s": t1 - t0, "lower_s": t2 - t1})
     rep.keep_experts_dispatch = keep_experts_dispatch
     rep.routing = routing
+    rep.select_fraction = select_fraction
+    rep.sizes_assumed = bool(getattr(ep, "solbound_sizes_assumed", False))
     if validate:
         from .validate.golden import validate_report
         validate_report(rep, module, tuple(inputs), **validate_opts)
@@ -71,14 +77,16 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
 
 def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    validate: bool = False, keep_experts_dispatch: bool = False,
-                   routing: str | None = None, **validate_opts) -> Report:
+                   routing: str | None = None, select_fraction: float | None = None,
+                   **validate_opts) -> Report:
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``."""
     from .frontends.torch.capture import load_problem
 
     problem = load_problem(spec)
     model, inputs, note = problem.build_for_capture()
     rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec,
-                  keep_experts_dispatch=keep_experts_dispatch, routing=routing)
+                  keep_experts_dispatch=keep_experts_dispatch, routing=routing,
+                  select_fraction=select_fraction)
     if note:
         rep.lowered.program = rep.lowered.program.__class__(
             rep.lowered.program.tensors, rep.lowered.program.kernels,

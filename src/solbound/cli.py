@@ -22,7 +22,20 @@ def _common(p: argparse.ArgumentParser) -> None:
     _routing_arg(p)
 
 
+def _fraction(text: str) -> float:
+    try:
+        f = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= f <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not in [0, 1]")
+    return f
+
+
 def _routing_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--select-fraction", type=_fraction, default=None, metavar="F",
+                   help="the fraction of its elements a selection whose size only the data "
+                        "knows keeps (nonzero, masked_select, x[mask]); stated as an assumption")
     p.add_argument("--routing", choices=("balanced", "concentrated"), default=None,
                    help="the routing assumed where a mixture-of-experts dispatch sizes tensors "
                         "or branches on routing decisions: balanced (default; T*k/E tokens per "
@@ -31,9 +44,12 @@ def _routing_arg(p: argparse.ArgumentParser) -> None:
 
 def cmd_analyze(a) -> int:
     from .api import analyze_source
+    if a.validate and not a.quiet and sys.stderr.isatty():
+        from .validate import golden
+        golden.PROGRESS = True          # a progress bar while the IR runs
     rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
-                         routing=a.routing, **_vopts(a))
+                         routing=a.routing, select_fraction=a.select_fraction, **_vopts(a))
     if a.json:
         _write(a.json, rep.to_json())
     if not a.quiet:
@@ -73,7 +89,8 @@ def _write(path: str, text: str) -> None:
 def cmd_ir(a) -> int:
     from .api import analyze_source
     from .ir.text import print_program
-    rep = analyze_source(a.program, arch=None, routing=a.routing)
+    rep = analyze_source(a.program, arch=None, routing=a.routing,
+                         select_fraction=a.select_fraction)
     text = print_program(rep.program)
     _write(a.output or "-", text)
     if rep.unsupported:
@@ -86,7 +103,7 @@ def cmd_ir(a) -> int:
 def cmd_explain(a) -> int:
     from .api import analyze_source
     rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
-                         routing=a.routing)
+                         routing=a.routing, select_fraction=a.select_fraction)
     if not a.kernel:
         for k in rep.counts.kernels:
             print(f"{k.name:40s} {k.op:30s} {k.einsum}")

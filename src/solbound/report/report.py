@@ -33,6 +33,8 @@ class Report:
     problem: Any = None
     keep_experts_dispatch: bool = False
     routing: str | None = None        # the routing assumption asked for (None: default)
+    select_fraction: float | None = None
+    sizes_assumed: bool = False       # a selection was sized by select_fraction
 
     # --- access -------------------------------------------------------------
     @property

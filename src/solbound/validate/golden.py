@@ -409,7 +409,12 @@ def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
     src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
     tol = tolerance(src_dtype, max_reduction(p), len(lowered.groups))
     try:
-        arrays = execute(p, gold["feeds"], on_kernel=hook)
+        with _progress(len(p.kernels)) as tick:
+            def on_kernel(k, arrays, hook=hook):
+                if hook is not None:
+                    hook(k, arrays)
+                tick()
+            arrays = execute(p, gold["feeds"], on_kernel=on_kernel)
     except ExecutionError as e:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}
@@ -458,6 +463,103 @@ def _build_real(problem, seed: int):
     return problem.build("cpu")
 
 
+class _zero_params_redrawn:
+    """Parameters that are all zeros get N(0, 0.02) values inside the block; restored
+    on exit. Yields their names."""
+
+    def __init__(self, model, seed: int):
+        self.model, self.seed, self.saved = model, seed, []
+
+    def __enter__(self) -> list[str]:
+        import torch
+        g = torch.Generator().manual_seed(self.seed + 1)
+        names = []
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if p.is_floating_point() and p.numel() > 0 and p.device.type == "cpu" \
+                        and not torch.any(p):
+                    self.saved.append(p)
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype) * 0.02)
+                    names.append(name)
+        return names
+
+    def __exit__(self, *exc):
+        import torch
+        with torch.no_grad():
+            for p in self.saved:
+                p.zero_()
+        return False
+
+
+# show a progress bar while the IR runs (the command line turns it on for a terminal)
+PROGRESS = False
+
+
+class _progress:
+    """A transient progress bar on stderr over the IR's kernels; a no-op unless PROGRESS."""
+
+    def __init__(self, total: int):
+        self.total, self.bar = total, None
+
+    def __enter__(self):
+        if not PROGRESS:
+            return lambda: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+        self.bar = Progress("validating: running the IR", BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+        self.bar.start()
+        task = self.bar.add_task("ir", total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
+
+
+def _on_meta(model, inputs) -> bool:
+    import torch
+    return any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())) \
+        or any(isinstance(x, torch.Tensor) and x.device.type == "meta" for x in inputs)
+
+
+def _input_plans(inputs):
+    """Smaller inputs cut from real ones, largest first: ``(description, inputs)``. The
+    batch (dimension 0) alone, then every dimension of 32 or more as well (a sequence, an
+    image side), each size halved ``shift`` times; dimensions of one size shrink together
+    (ids and their attention mask)."""
+    import torch
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0]
+    if not tensors:
+        return
+    seen = set()
+    for large in (False, True):
+        for shift in range(1, 8):
+            def new_size(n, d, large=large, shift=shift):
+                if (d == 0 and n >= 2) or (large and n >= 32):
+                    return max(1, n >> shift)
+                return n
+            out, changes = [], {}
+            for x in inputs:
+                if not isinstance(x, torch.Tensor) or x.dim() == 0:
+                    out.append(x)
+                    continue
+                y = x
+                for d, n in enumerate(x.shape):
+                    m = new_size(n, d)
+                    if m != n:
+                        y = y.narrow(d, 0, m)
+                        changes[(d, n)] = m
+                out.append(y.contiguous())
+            key = tuple(tuple(y.shape) for y in out if isinstance(y, torch.Tensor))
+            if not changes or key in seen:
+                continue
+            seen.add(key)
+            desc = "inputs " + ", ".join(f"dim {d}: {n}->{m}" for (d, n), m in sorted(changes.items()))
+            yield desc, tuple(out)
+
+
 def _is_constant(g) -> bool:
     a = np.asarray(g)
     if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number):
@@ -474,39 +576,66 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
 
     keep = getattr(rep, "keep_experts_dispatch", False)
     routing = getattr(rep, "routing", None)
+    if getattr(rep, "sizes_assumed", False):
+        rep.validation = {"status": "skipped",
+                          "reason": "selection sizes were assumed (--select-fraction): the run "
+                                    "selects what its data says, so the two do not compare"}
+        return rep.validation
     flops = sum(rep.counts.flops.values())
     mem, secs = estimate_cost(rep.program, flops)
     lowered = rep.lowered
     reduced = None
-    if mem > max_bytes or secs > max_seconds:
-        if problem is None or not hasattr(problem, "shrink"):
-            rep.validation = {"status": "skipped",
-                              "reason": f"over budget (~{mem / 2**30:.1f} GiB, ~{secs:.0f} s) and "
-                                        f"the program has no size constants to reduce"}
-            return rep.validation
-        found = None
-        for factor, new_problem in problem.shrink():
+    meta_module = problem is None and model is not None and _on_meta(model, inputs)
+    if (mem > max_bytes or secs > max_seconds) and not meta_module:
+        from ..analysis.counts import count_program
+        from ..graph.einsum import build_graph
+
+        def fits(m, inp) -> bool:
+            """The instance traces, keeps the kernel structure and is within budget."""
             try:
-                m, inp, _ = new_problem.build_for_capture()
-                ep_r = export_program(m, inp, problem.source, keep_experts=keep, routing=routing)
+                ep_r = export_program(m, tuple(inp), rep.source, keep_experts=keep,
+                                      routing=routing)
             except Exception:  # noqa: BLE001 - a size the program does not accept
-                continue
+                return False
             low_r = lower(ep_r, (), input_structure(inp), state_structure(m))
             if _structure(low_r.program) != _structure(lowered.program):
-                continue
-            from ..analysis.counts import count_program
-            from ..graph.einsum import build_graph
+                return False
             f_r = sum(count_program(build_graph(low_r.program)).flops.values())
             mem_r, secs_r = estimate_cost(low_r.program, f_r)
-            if mem_r <= max_bytes and secs_r <= max_seconds:
-                found = (new_problem, factor)
+            return mem_r <= max_bytes and secs_r <= max_seconds
+
+        found = None
+        # sizes in the file's constants, then sizes in the inputs themselves (literals in
+        # get_inputs, __init__ defaults, a factory's or the caller's tensors)
+        for factor, new_problem in (problem.shrink() if hasattr(problem, "shrink") else ()):
+            try:
+                m, inp, _ = new_problem.build_for_capture()
+            except Exception:  # noqa: BLE001
+                continue
+            if fits(m, inp):
+                found = ("problem", new_problem, factor)
                 break
+        if found is None:
+            if problem is not None:
+                base = _build_real(problem, seed)
+            elif model is not None and not _on_meta(model, inputs):
+                base = (model, tuple(inputs))
+            else:
+                base = None
+            for desc, inp in (_input_plans(base[1]) if base is not None else ()):
+                if fits(base[0], inp):
+                    found = ("inputs", base, desc)
+                    break
         if found is None:
             rep.validation = {"status": "skipped",
                               "reason": f"over budget (~{mem / 2**30:.1f} GiB, ~{secs:.0f} s) and no "
-                                        f"reduced instance keeps the kernel structure"}
+                                        f"reduced instance (smaller size constants or inputs) keeps "
+                                        f"the kernel structure"}
             return rep.validation
-        problem, reduced = found
+        if found[0] == "problem":
+            problem, reduced = found[1], found[2]
+        else:
+            problem, (model, inputs), reduced = None, found[1], found[2]
     if problem is not None:
         model, inputs = _build_real(problem, seed)
     elif model is None:
@@ -534,6 +663,18 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
                           "reason": "re-tracing with real tensors changed the kernel structure"}
         return rep.validation
     res = validate_lowered(low, ep, model, tuple(inputs), seed=seed)
+    if res["status"] == "inconclusive":
+        # a constant output from zero-initialized parameters (a classifier head, a DiT's
+        # adaLN modulation): draw them at random for the check, then put them back
+        with _zero_params_redrawn(model, seed) as redrawn:
+            if redrawn:
+                again = validate_lowered(low, ep, model, tuple(inputs), seed=seed)
+                if again["status"] != "inconclusive":
+                    res = again
+                    res["redrawn"] = redrawn
+                    res["summary"] = (res.get("summary", "") + f"; {len(redrawn)} zero-initialized "
+                                      f"parameter(s) redrawn at random for the check "
+                                      f"({', '.join(redrawn[:3])}{', ...' if len(redrawn) > 3 else ''})")
     res["reduced"] = reduced is not None
     if reduced is not None:
         res["reduced_by"] = reduced

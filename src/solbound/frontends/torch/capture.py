@@ -80,6 +80,48 @@ class Problem:
                 desc = ", ".join(f"{k}={sizes.get(k, shapes.get(k))}->{new[k]}" for k in new
                                  if new[k] != sizes.get(k, shapes.get(k)))
                 yield desc, _file_problem(self.source, overrides=new)
+        yield from self._shrink_literals()
+
+    def _shrink_literals(self):
+        """Sizes written as literals: ``get_init_inputs()``'s integers of 32 or more and the
+        tensors ``get_inputs()`` returns (their batch dimension and dimensions of 32 or
+        more), halved together so that a width given to ``__init__`` and the inputs' last
+        dimension stay equal."""
+        import torch
+        mod = self.module
+        try:
+            init = list(mod.get_init_inputs())
+        except Exception:  # noqa: BLE001
+            return
+        orig_inputs = mod.get_inputs
+        for shift in range(1, 8):
+            def small(n, shift=shift):
+                return max(1, n >> shift) if n >= 32 else n
+
+            def shrink_init(v, small=small):
+                if type(v) is int:
+                    return small(v)
+                if isinstance(v, (tuple, list)) and all(type(x) is int for x in v):
+                    return type(v)(small(x) for x in v)
+                return v
+            new_init = [shrink_init(v) for v in init]
+
+            def get_inputs(small=small):
+                out = []
+                for x in orig_inputs():
+                    if isinstance(x, torch.Tensor) and x.dim() > 0:
+                        for d, n in enumerate(x.shape):
+                            m = max(1, n >> 1) if (d == 0 and 2 <= n < 32) else small(n)
+                            if m != n:
+                                x = x.narrow(d, 0, m)
+                        x = x.contiguous()
+                    out.append(x)
+                return out
+            changed = [f"{a}->{b}" for a, b in zip(init, new_init) if a != b]
+            desc = (f"get_init_inputs {', '.join(changed)}; " if changed else "") + \
+                f"input sizes of 32 or more halved {shift} time(s)"
+            yield desc, _file_problem(self.source, overrides={
+                "get_init_inputs": (lambda v=new_init: list(v)), "get_inputs": get_inputs})
 
 
 def _where(exc: BaseException, path: str | None = None) -> str:
@@ -301,7 +343,7 @@ class _traceable_experts:
 
 
 def export_program(model, inputs: tuple, source: str = "program", keep_experts: bool = False,
-                   routing: str | None = None):
+                   routing: str | None = None, select_fraction: float | None = None):
     """torch.export + core ATen decomposition; returns the ExportedProgram. Notes on what
     was assumed while tracing are in ``ep.solbound_notes``.
 
@@ -323,12 +365,12 @@ def export_program(model, inputs: tuple, source: str = "program", keep_experts: 
     home = devices.pop() if len(devices) == 1 else None
     _lift_held_tensors(model)
     with _python_state_kept(model) as state:
-        return _export(model, args, source, keep_experts, routing, home, state)
+        return _export(model, args, source, keep_experts, routing, home, state, select_fraction)
 
 
-def _export(model, args, source, keep_experts, routing, home, state):
+def _export(model, args, source, keep_experts, routing, home, state, select_fraction=None):
     import torch
-    from .routing import DEFAULT_ROUTING, RoutingMode, routing_note
+    from .routing import DEFAULT_ROUTING, RoutingMode, counts_note, routing_note, sizes_note
     lifted = False
     mode = None
     while True:
@@ -345,7 +387,7 @@ def _export(model, args, source, keep_experts, routing, home, state):
                 ep = torch.export.export(model, args, strict=False)
             if mode is None and _has_value_sizes(ep):
                 # sizes that follow tensor values (x[mask]): trace under the assumption
-                mode = RoutingMode(routing or DEFAULT_ROUTING)
+                mode = RoutingMode(routing or DEFAULT_ROUTING, select_fraction)
                 first = None
                 continue
             with warnings.catch_warnings(), _fast_recurrent_shapes(), _quiet_torch_logs():
@@ -355,9 +397,15 @@ def _export(model, args, source, keep_experts, routing, home, state):
                 _rebind(mod)
             ep.solbound_notes = list(experts.notes)
             ep.solbound_routing = None
+            ep.solbound_sizes_assumed = False
             if mode is not None and (mode.forced or mode.answered or mode.precomputed):
                 ep.solbound_routing = mode.routing
                 ep.solbound_notes.append(routing_note(mode))
+            if mode is not None and mode.assumed_sizes:
+                ep.solbound_sizes_assumed = True
+                ep.solbound_notes.append(sizes_note(mode))
+            if mode is not None and mode.bounded_counts:
+                ep.solbound_notes.append(counts_note(mode))
             return ep
         except Exception as e:  # noqa: BLE001
             if not lifted and "mutated" in str(e) and _lift_tensor_attributes(model):
@@ -366,7 +414,7 @@ def _export(model, args, source, keep_experts, routing, home, state):
             data_dep = "data-dependent" in str(e) or type(e).__name__.startswith(
                 "GuardOnDataDependent")
             if data_dep and mode is None:
-                mode = RoutingMode(routing or DEFAULT_ROUTING)
+                mode = RoutingMode(routing or DEFAULT_ROUTING, select_fraction)
                 first = e
                 continue   # sizes that follow routing decisions: trace under the assumption
             if mode is not None and (data_dep or first is not None):
@@ -376,7 +424,9 @@ def _export(model, args, source, keep_experts, routing, home, state):
                     + (f" ({code})" if code else "")
                     + ": the program branches, loops or sizes a tensor on tensor values that "
                       "do not follow from a routing decision (topk/argmax), which tracing "
-                      "cannot follow; write it with torch.cond / torch.where or fixed sizes"
+                      "cannot follow; write it with torch.cond / torch.where or fixed sizes, "
+                      "or state how much a selection (nonzero, masked_select, x[mask]) keeps "
+                      "with --select-fraction F"
                 ) from None
             raise FrontendError(f"{source}: torch.export failed to trace ({_where(e)}): "
                                 f"{_oneline(e)}") from None

@@ -494,9 +494,8 @@ class Lowering:
                     if role == "input":
                         inputs.append({"name": node.name, "ir": None, "value": val})
                     continue
-                if role == "constant" and getattr(ep, "solbound_routing", None) \
-                        and target.startswith("lifted_tensor"):
-                    role = "assumed"      # made in forward from the assumed routing
+                if role == "constant" and _assumes(ep) and target.startswith("lifted_tensor"):
+                    role = "assumed"      # made in forward from the assumed routing or sizes
                 v = self.new_base(node.name, tuple(int(s) for s in val.shape),
                                   TORCH_DTYPES[val.dtype], role)
                 self.env[node] = v
@@ -591,8 +590,7 @@ class Lowering:
         """The real value of a constant the exported program holds (a lifted
         ``torch.tensor([...])``), by IR tensor name; ``None`` if unknown."""
         target = self._constant_targets.get(name)
-        if target is not None and getattr(self.ep, "solbound_routing", None) \
-                and target.startswith("lifted_tensor"):
+        if target is not None and _assumes(self.ep) and target.startswith("lifted_tensor"):
             # made in forward under a routing assumption: they stand for the routing the
             # run decides, and the IR must not depend on whether the trace saw their values
             return None
@@ -767,7 +765,8 @@ class Lowering:
                     raise LoweringError(
                         f"{opname} at {src or 'unknown source'} has a size that depends on tensor "
                         f"values ({', '.join(map(str, v.shape))}): the analysis needs static "
-                        f"sizes") from None
+                        f"sizes (a selection such as nonzero, masked_select or x[mask]: state "
+                        f"how much it keeps with --select-fraction F)") from None
                 out = self.new_base(f"{node.name}_unsupported" + (f"_{i}" if len(vals) > 1 else ""),
                                     shape, TORCH_DTYPES[v.dtype], "input")
                 self.notes.append(f"{out.base} is produced by unsupported {opname} "
@@ -887,6 +886,11 @@ def _flatten(p: Program, names: set[str]) -> Program:
     tensors = tuple(TensorDecl(t.name, (t.numel,), t.dtype, t.role) if t.name in shapes else t
                     for t in p.tensors)
     return Program(tensors, tuple(kernels), p.notes)
+
+
+def _assumes(ep) -> bool:
+    """Was the program traced under a routing or selection-size assumption?"""
+    return bool(getattr(ep, "solbound_routing", None) or getattr(ep, "solbound_sizes_assumed", False))
 
 
 def _value_reads(e: Expr) -> list[Access]:

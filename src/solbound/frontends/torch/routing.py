@@ -179,8 +179,11 @@ def _is_fake(t: torch.Tensor) -> bool:
 class RoutingMode(_Forcing):
     """While tracing: decisions fixed, values derived from them carried as shadows."""
 
-    def __init__(self, routing: str = DEFAULT_ROUTING):
+    def __init__(self, routing: str = DEFAULT_ROUTING, select_fraction: float | None = None):
         super().__init__(routing)
+        self.select_fraction = select_fraction
+        self.assumed_sizes: list[str] = []   # selections sized by select_fraction
+        self.bounded_counts: list[str] = []  # bincounts sized by their minlength
         self.shadows = WeakIdKeyDictionary()
         self.answered: list[str] = []    # data-dependent questions answered, by function
         self.precomputed: list[str] = []  # bookkeeping replaced by its assumed values
@@ -262,17 +265,39 @@ class RoutingMode(_Forcing):
             if name == "masked_select":
                 x, mask = args[0], args[1]
                 m = self.shadow(mask)
-                if m is not None:
+                if m is not None or self.select_fraction is not None:
                     x, mask = torch.broadcast_tensors(x, mask)
                     return self._index_by_mask(x, (mask,))
+            if name == "bincount":
+                x = args[0]
+                weights = args[1] if len(args) > 1 else kwargs.get("weights")
+                minlength = args[2] if len(args) > 2 else kwargs.get("minlength", 0)
+                if minlength and x.dim() == 1:
+                    # values below minlength (stated): a scatter-add of ones (or weights)
+                    self.bounded_counts.append(f"bincount at {_caller()}: values below "
+                                               f"minlength={minlength}")
+                    src = torch.ones_like(x, dtype=torch.long) if weights is None else weights
+                    out = torch.zeros(minlength, dtype=src.dtype, device=x.device)
+                    return out.index_add(0, x, src)
+            if self.select_fraction is not None and name in ("nonzero", "argwhere", "where"):
+                x = args[0]
+                pos = self._assumed_positions(x, name)
+                if name == "where" or kwargs.get("as_tuple") or (len(args) > 1 and args[1]):
+                    return pos
+                with _plain():
+                    ref = torch.stack([self.shadows[p] for p in pos], dim=1) if pos else \
+                        torch.zeros(0, 0, dtype=torch.long)
+                return self.constant(ref, x.device)
             return func(*args, **kwargs)
         if name in ("__getitem__", "__setitem__") and len(args) >= 2:
             idx = args[1] if isinstance(args[1], tuple) else (args[1],)
             masks = [i for i in idx if isinstance(i, torch.Tensor) and i.dtype == torch.bool]
-            if masks and all(self.shadow(m) is not None for m in masks) \
+            if masks and (self.select_fraction is not None
+                          or all(self.shadow(m) is not None for m in masks)) \
                     and self.shadow(args[0]) is None:
+                if all(self.shadow(m) is not None for m in masks):
+                    self.answered.append(name)
                 new = self._mask_to_indices(idx)
-                self.answered.append(name)
                 if name == "__getitem__":
                     return func(args[0], new)
                 func(args[0], new, *args[2:])
@@ -282,16 +307,36 @@ class RoutingMode(_Forcing):
         return out
 
     def _mask_to_indices(self, idx: tuple) -> tuple:
-        """A boolean mask index as the integer index tensors of its true positions."""
+        """A boolean mask index as the integer index tensors of its true positions (the
+        assumed ones when the mask's values are data)."""
         new = []
         for i in idx:
             if isinstance(i, torch.Tensor) and i.dtype == torch.bool:
+                if self.shadow(i) is None:
+                    new.extend(self._assumed_positions(i, "boolean mask"))
+                    continue
                 with _plain():
                     pos = self.shadow(i).nonzero(as_tuple=True)
                 new.extend(self.constant(p, i.device) for p in pos)
             else:
                 new.append(i)
         return tuple(new)
+
+    def _assumed_positions(self, x: torch.Tensor, what: str) -> tuple:
+        """The first ``round(select_fraction * numel)`` positions of ``x`` in row-major
+        order, as one index constant per dimension: a selection whose size only the data
+        knows, sized by the stated fraction."""
+        n = x.numel()
+        k = int(round(self.select_fraction * n))
+        with _plain():
+            flat = torch.arange(k)
+            coords, rest = [], flat
+            for size in reversed(list(x.shape) or [1]):
+                coords.append(rest % size)
+                rest = rest // size
+            coords.reverse()
+        self.assumed_sizes.append(f"{what} at {_caller()}: {k} of {n}")
+        return tuple(self.constant(c, x.device) for c in coords[:max(x.dim(), 1)])
 
     def _index_by_mask(self, x, idx):
         return x[self._mask_to_indices(idx)]
@@ -328,6 +373,30 @@ class RoutingMode(_Forcing):
         for t, r in zip(outs, refs):
             if _is_fake(t) and tuple(t.shape) == tuple(r.shape):
                 self.shadows[t] = r
+
+
+def _caller() -> str:
+    """The innermost frame outside torch and solbound (the user's line)."""
+    import os
+    import traceback
+    torch_dir = os.path.dirname(torch.__file__)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for f in reversed(traceback.extract_stack()):
+        p = os.path.abspath(f.filename)
+        if not p.startswith((torch_dir, here)):
+            return f"{os.path.basename(f.filename)}:{f.lineno}"
+    return "?"
+
+
+def counts_note(mode: "RoutingMode") -> str:
+    return ("assumption: " + "; ".join(dict.fromkeys(mode.bounded_counts))
+            + " (the output has minlength bins)")
+
+
+def sizes_note(mode: "RoutingMode") -> str:
+    return (f"assumption: selections whose size only the data knows keep a fraction "
+            f"{mode.select_fraction:g} of their elements, the first in row-major order "
+            f"(--select-fraction): " + "; ".join(dict.fromkeys(mode.assumed_sizes)))
 
 
 def routing_note(mode: "RoutingMode") -> str:

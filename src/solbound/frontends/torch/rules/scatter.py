@@ -263,3 +263,70 @@ def _write_slice(ctx: OpCtx, x: View, src, dim: int, start, end, step) -> None:
     meta = torch.ops.aten.slice.Tensor(target.meta, dim, start, end, step)
     _copy_into(ctx, View(target.base, meta, target.base_shape), src)
     ctx.bind(target)
+
+
+@rule("aten._embedding_bag", "aten._embedding_bag_forward_only")
+def embedding_bag(ctx: OpCtx) -> None:
+    """``F.embedding_bag(indices, weight, offsets, mode)``: rows of ``weight`` gathered and
+    combined per bag, bags given by ``offsets`` (known only at run time in general).
+
+    Lowered as PyTorch computes it: each index's bag (a scatter of ones at the offsets,
+    then a running sum), then every looked-up row added (``sum``/``mean``) or maxed into
+    its bag's output row (a scatter), ``mean`` divided by the bag sizes. Each looked-up
+    row is read once (an indirect access); empty bags are zero."""
+    a = list(ctx.args) + [None] * 9
+    w, idx, offsets = a[0], a[1], a[2]
+    mode = a[4] if a[4] is not None else ctx.kwargs.get("mode", 0)
+    psw = a[6] if a[6] is not None else ctx.kwargs.get("per_sample_weights")
+    last = a[7] if a[7] is not None else ctx.kwargs.get("include_last_offset", False)
+    pad = a[8] if a[8] is not None else ctx.kwargs.get("padding_idx", -1)
+    if [i for i in (1, 2, 3) if any(u.args[1] == i for u in ctx.node.users)]:
+        raise LoweringError("embedding_bag's offset2bag, bag_size or max_indices outputs are read")
+    if pad is not None and pad >= 0:
+        raise LoweringError("embedding_bag with padding_idx")
+    if idx.ndim != 1 or offsets is None:
+        raise LoweringError("embedding_bag with 2-d indices left undecomposed")
+    n, e = idx.shape[0], w.shape[1]
+    out = ctx.output(0)
+    nbags = out.shape[0]
+    # bag of each index: ones scattered at offsets[1:], then a running sum
+    starts = ctx.new_tensor((n,), "i64", ctx.node.name + "_starts")
+    kb = ctx.builder((n,))
+    ctx.emit(kb, starts, dims_vars(1), Const(0))
+    nb = offsets.shape[0] - (1 if last else 0)
+    if nb > 1:
+        kb = ctx.builder((nb - 1,))
+        d = dims_vars(1)[0]
+        ctx.emit_scatter(kb, starts, [kb.load(offsets, [d + 1])], Const(1), reduce="sum")
+    bag = ctx.new_tensor((n,), "i64", ctx.node.name + "_bag")
+    kb = ctx.builder((n,))
+    ctx.emit(kb, bag, dims_vars(1), kb.load(starts, dims_vars(1)), reduce="sum", scan="d0")
+    # the rows, combined into their bags
+    red = {0: "sum", 1: "sum", 2: "max"}[int(mode)]
+    kb = ctx.builder((nbags, e))
+    ctx.emit(kb, out, dims_vars(2), Const(-math.inf if red == "max" else 0))
+    kb = ctx.builder((n, e))
+    i, j = dims_vars(2)
+    row = Access(w.base, (kb.load(idx, [i]), j)) if w.is_full else None
+    if row is None:
+        raise LoweringError("embedding_bag of a strided weight view")
+    if psw is not None:
+        row = Call("mul", (row, kb.load(psw, [i])))
+    ctx.emit_scatter(kb, out, [kb.load(bag, [i]), j], row, reduce=red)
+    if int(mode) in (1, 2):
+        # bag sizes: mean divides by them, max turns an empty bag's -inf into 0
+        size = ctx.new_tensor((nbags,), "i64", ctx.node.name + "_size")
+        kb = ctx.builder((nbags,))
+        ctx.emit(kb, size, dims_vars(1), Const(0))
+        kb = ctx.builder((n,))
+        ctx.emit_scatter(kb, size, [kb.load(bag, dims_vars(1))], Const(1), reduce="sum")
+        final = ctx.new_tensor(out.shape, out.dtype, ctx.node.name + "_out")
+        kb = ctx.builder((nbags, e))
+        b, j = dims_vars(2)
+        cnt = kb.load(size, [b])
+        val = kb.load(out, [b, j])
+        body = (Call("div", (val, Call("maximum", (cnt, Const(1))))) if int(mode) == 1
+                else Call("select", (Call("gt", (cnt, Const(0))), val, Const(0.0))))
+        ctx.emit(kb, final, [b, j], body)
+        out = final
+    ctx.bind([out, None, None, None])
