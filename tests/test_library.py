@@ -141,3 +141,15 @@ def test_embedding_bag_reads_each_looked_up_row_once():
     assert rep.counts.fused.bytes == 6 * 8 * B4 + 6 * 8 + 2 * 8 + 3 * 8 * B4
     # one add per looked-up element into its bag
     assert rep.counts.flops["vector"] >= 6 * 8
+
+
+def test_data_movement_ops_move_each_element_once():
+    x = torch.randn(2, 4, 6, 8)
+    n = x.numel()
+    for fn in (lambda s, x: F.pixel_unshuffle(x, 2), lambda s, x: torch.roll(x, (1, -3), (2, 3)),
+               lambda s, x: F.pixel_shuffle(x, 2)):
+        rep = _run(fn, x)
+        assert rep.counts.flops == {"matrix": 0, "vector": 0, "special": 0}
+        assert rep.counts.fused.bytes == 2 * n * B4            # read once, written once
+    rep = _run(lambda s, x: x.tile(1, 1, 2, 3), x)
+    assert rep.counts.fused.bytes == (n + 6 * n) * B4

@@ -365,6 +365,19 @@ class _Bags(nn.Module):
 
 
 case("embedding_bag", None, [((3, 5),), ((2, 7),)], {"module": _Bags})
+# data movement and image ops that decompose into views, gathers and index arithmetic
+case("tile-roll", lambda s, x: x.tile(2, 3).sum() + torch.roll(x, 2, -1)
+     + torch.roll(x, (1, -2), (0, 1)), [(A,), ((4, 6),)])
+case("pixel-shuffle", lambda s, x: F.pixel_shuffle(F.pixel_unshuffle(x, 2) * 2, 2),
+     [((1, 2, 4, 6),), ((2, 3, 6, 4),)])
+case("unfold-fold", lambda s, x: F.fold(F.unfold(x, 3, padding=1, stride=2), x.shape[-2:], 3,
+                                         padding=1, stride=2), [((1, 2, 5, 6),), ((2, 1, 7, 4),)])
+case("select_scatter", lambda s, x, y: torch.select_scatter(x, y, 0, 1)
+     + torch.select_scatter(x * 1, y * 2, 0, -1), [((3, 5), (5,)), ((2, 4, 3), (4, 3))])
+for _m, _ac in (("bicubic", False), ("bicubic", True), ("area", None)):
+    case(f"interpolate-{_m}-{_ac}", lambda s, x, m=_m, ac=_ac: F.interpolate(
+        x, size=(7, 5) if m != "area" else (2, 3), mode=m, align_corners=ac),
+         [((1, 2, 4, 6),), ((2, 1, 6, 9),)])
 case("index_put-known-positions", None, [((2, 1, 5),), ((2, 2, 5),)], {"module": _IndexCache})
 case("slice_scatter-in-place", None, [((2, 1, 5),), ((2, 3, 5),)], {"module": _Cache})
 # the old value is read afterwards: a fresh tensor, copied and overwritten

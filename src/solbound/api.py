@@ -48,6 +48,9 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     how much of its input a selection whose size only the data knows keeps (``nonzero``,
     ``masked_select``, ``x[mask]``); without it such a program stops with a one-line error.
     """
+    if not _is_torch_module(module) and callable(module):
+        return _analyze_jax(module, inputs, arch=arch, precision_policy=precision_policy,
+                            source=source, validate=validate, **validate_opts)
     from .frontends.torch.capture import export_program, input_structure, state_structure
     from .frontends.torch.lower import lower
 
@@ -75,11 +78,76 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     return rep
 
 
+def _jax_example(spec: str):
+    """``(function, args)`` from a file defining ``example()`` and no ``class Model``."""
+    import re
+    if not (spec.endswith(".py") and os.path.exists(spec)):
+        return None
+    text = open(spec, encoding="utf-8", errors="replace").read()
+    if not re.search(r"^def example\(", text, re.M) or re.search(r"^class Model\b", text, re.M):
+        return None
+    import importlib.util
+    import sys
+    from .frontends.contract import FrontendError
+    name = "solbound_jax_" + re.sub(r"\W", "_", os.path.abspath(spec))
+    mspec = importlib.util.spec_from_file_location(name, spec)
+    mod = importlib.util.module_from_spec(mspec)
+    sys.modules[name] = mod
+    try:
+        mspec.loader.exec_module(mod)
+        res = mod.example()
+    except Exception as e:  # noqa: BLE001 - one line for the user
+        raise FrontendError(f"{spec}: example() failed: {type(e).__name__}: {e}") from None
+    if not (isinstance(res, tuple) and len(res) == 2 and callable(res[0])):
+        raise FrontendError(f"{spec}: example() must return (function, args)")
+    return res
+
+
+def _is_torch_module(obj) -> bool:
+    """An ``nn.Module`` (decided without importing torch)."""
+    return any(c.__name__ == "Module" and c.__module__.startswith("torch.nn")
+               for c in type(obj).__mro__)
+
+
+def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
+                 validate: bool = False, seed: int = 0, **_ignored) -> Report:
+    """A JAX function (``fn(*args)``, args arrays or ``jax.ShapeDtypeStruct`` pytrees)."""
+    try:
+        from .frontends.jax.lower import lower
+    except ImportError as e:
+        from .frontends.contract import FrontendError
+        raise FrontendError(f"a JAX function needs jax installed (pip install "
+                            f"'solbound[jax]'): {e}") from None
+    if not isinstance(args, (tuple, list)):
+        args = (args,)
+    src = source or getattr(fn, "__name__", "function")
+    # XLA's default for float32 dots and convolutions on NVIDIA GPUs since Ampere is TF32
+    # (docs.jax.dev "Matmul precision": "float32 dot products may be computed with
+    # reduced-precision arithmetic internally (bfloat16 on TPU, TF32 on recent GPUs)");
+    # precision=HIGHEST in the program keeps that operation on the FP32 pipe
+    if precision_policy is None:
+        precision_policy = "tf32"
+    t0 = time.perf_counter()
+    lowered = lower(fn, tuple(args))
+    rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
+                          timings={"export_s": time.perf_counter() - t0})
+    if validate:
+        from .frontends.jax.reference import validate as validate_jax
+        rep.validation = validate_jax(lowered, fn, tuple(args), seed=seed)
+    return rep
+
+
 def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    validate: bool = False, keep_experts_dispatch: bool = False,
                    routing: str | None = None, select_fraction: float | None = None,
                    **validate_opts) -> Report:
-    """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``."""
+    """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``; a file that
+    defines ``example()`` returning ``(function, args)`` (and no ``Model``) is a JAX program."""
+    jax_example = _jax_example(spec)
+    if jax_example is not None:
+        fn, args = jax_example
+        return _analyze_jax(fn, args, arch=arch, precision_policy=precision_policy, source=spec,
+                            validate=validate, **validate_opts)
     from .frontends.torch.capture import load_problem
 
     problem = load_problem(spec)

@@ -11,16 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.model import Access, Call, Kernel, Program, kernel_reads
-
-MATRIX_UNITS = ("matmul", "conv", "attention")
-
-
-def _strip_cast(e):
-    while isinstance(e, Call) and e.op.startswith("to_"):
-        e = e.args[0]
-    return e
-
+from ..ir.classify import MATRIX_UNITS, _strip_cast, classify  # noqa: F401  (re-exported)
+from ..ir.model import Access, Kernel, Program, kernel_reads
 
 @dataclass(frozen=True)
 class Einsum:
@@ -33,25 +25,6 @@ class Einsum:
     @property
     def is_contraction(self) -> bool:
         return self.kind == "contraction"
-
-
-def classify(k: Kernel) -> str:
-    if k.lib:
-        return "library"
-    if k.scatter:
-        return "scatter"
-    if k.scan is not None:
-        return "scan"
-    if k.reduce in ("argmax", "argmin"):
-        return "argreduce"
-    if k.reduce is None:
-        return "map"
-    body = k.body
-    if (k.reduce == "sum" and isinstance(body, Call) and body.op == "mul"
-            and all(isinstance(_strip_cast(a), Access) for a in body.args)
-            and k.reduce_vars):
-        return "contraction"
-    return "reduction"
 
 
 def _sig(k: Kernel, ops: tuple[Access, ...]) -> str:

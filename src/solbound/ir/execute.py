@@ -256,7 +256,7 @@ class _KernelExec:
             self.run_range(ranges, keep, out)
 
     def _is_contraction(self) -> bool:
-        from ..graph.einsum import classify
+        from .classify import classify
         return classify(self.k) == "contraction"
 
     def _is_padding(self, a: Atom, ops: list[Access]) -> bool:

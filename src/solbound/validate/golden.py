@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..graph.einsum import classify
+from ..ir.classify import classify
 from ..ir.execute import ExecutionError, execute
 from ..ir.affine import Aff
 from ..ir.model import EXTERNAL_ROLES, Call, Program, accesses, kernel_reads, walk

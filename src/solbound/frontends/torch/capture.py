@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 
-class FrontendError(RuntimeError):
-    """A program that cannot be loaded or traced; the message is one line."""
+from ..contract import FrontendError  # noqa: E402,F401  (the contract's error type)
 
 
 @dataclass
@@ -482,7 +481,9 @@ def _user_frame(exc: BaseException) -> tuple[str, str]:
 RECURRENT = ("aten.lstm.input", "aten.gru.input", "aten.rnn_tanh.input", "aten.rnn_relu.input")
 # triangular masks: one guarded copy (their decomposition builds index tensors and a
 # comparison, which would count as work and hide the triangle from the demand analysis)
-KEEP = RECURRENT + ("aten.tril.default", "aten.triu.default")
+# roll: two slice copies per dimension (its decomposition computes index vectors with fmod
+# and gathers through them: index arithmetic a roll does not need)
+KEEP = RECURRENT + ("aten.tril.default", "aten.triu.default", "aten.roll.default")
 
 
 # core ATen operators that torch keeps whole but decomposes well into gathers and

@@ -27,6 +27,8 @@ from ...ir.affine import Aff, Atom, Guard
 from ...ir.model import (EXTERNAL_ROLES, Access, Call, Expr, Kernel, Program, TensorDecl, accesses,
                          kernel_reads, loop_segments, subst_expr)
 from ...ir.demand import restrict_to_demand
+from ...ir.passes import FlatIndirectError, contiguous_strides, flatten_bases, prune_dead
+from ..contract import LoweredProgram, Unsupported  # noqa: F401  (re-exported)
 from ...ir.fold import fold_report
 from ...ir.known import UNKNOWN, Cond, Known, propagate_known, seed_from_structure
 from ...ir.text import RESERVED
@@ -91,12 +93,7 @@ class View:
                 and self.strides == _contig(self.base_shape))
 
 
-def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
-    st, acc = [], 1
-    for s in reversed(shape):
-        st.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(st))
+_contig = contiguous_strides       # row-major strides
 
 
 # ============================================================================
@@ -339,35 +336,6 @@ def find_rule(target) -> Rule | None:
 # the lowering pass
 
 
-@dataclass
-class Unsupported:
-    operator: str
-    source: str
-    reason: str
-    node: str
-
-
-@dataclass
-class LoweredProgram:
-    """The IR plus what the frontend learned that the IR itself does not hold."""
-
-    program: Program
-    unsupported: list[Unsupported]
-    # graph output position -> (kind, name, view meta) for validation
-    outputs: list[dict]
-    inputs: list[dict]           # user inputs in order: {"name", "ir"}
-    state: list[dict]            # parameters/buffers: {"target", "ir", "role"}
-    groups: dict[str, dict]      # op id -> {"name", "src"}
-    # FX node name -> where its (first) tensor value lives in the IR, for diagnosis
-    values: dict[str, dict] = field(default_factory=dict)
-    rules_used: set[str] = field(default_factory=set)
-    # IR tensor holding a random draw -> (FX node, output index or None): validation
-    # replays the framework's draw there
-    random_draws: dict[str, tuple[str, int | None]] = field(default_factory=dict)
-    # intermediates the demand pass confined to the elements their readers use
-    partial: set[str] = field(default_factory=set)
-
-
 def _src_of(node: torch.fx.Node, user_files: tuple[str, ...]) -> str:
     st = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+)', st)
@@ -512,7 +480,7 @@ class Lowering:
         # only now mark outputs (kernels were checked against intermediates)
         program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
         try:
-            program = _flatten(program, self.flat)
+            program = flatten_bases(program, self.flat)
         except FlatIndirectError as e:
             name = str(e)
             users = sorted({f"{k.opname or k.op} ({k.src or '?'})" for k in program.kernels
@@ -520,7 +488,7 @@ class Lowering:
             raise LoweringError(f"tensor {name} is read through a view that is affine only on "
                                 f"its flat storage and through a data-dependent index by "
                                 f"{', '.join(users)}: the IR cannot express both") from None
-        program = _prune(program)
+        program = prune_dead(program)
         kernels = list(program.kernels)
         # an input built triangular is zero outside its triangle; masks built from indices
         # and constant triangular buffers: all become guards (products that read a zero
@@ -547,7 +515,7 @@ class Lowering:
             else:
                 self.notes.extend(counter_notes)
         kernels = known
-        program = _prune(Program(program.tensors, tuple(kernels), program.notes))
+        program = prune_dead(Program(program.tensors, tuple(kernels), program.notes))
         kernels = list(program.kernels)
         self._runtime_mask_notes(program, set(seeds) | set(counters))
         whole = kernels
@@ -839,55 +807,6 @@ def _flat_views(v) -> list[View]:
     return []
 
 
-class FlatIndirectError(Exception):
-    """A base addressed as flat storage and through a data-dependent index."""
-
-
-def _linear(index: tuple, shape: tuple[int, ...], name: str) -> tuple[Aff]:
-    flat = Aff.lit(0)
-    for e, st in zip(index, _contig(shape)):
-        if isinstance(e, Access):
-            raise FlatIndirectError(name)
-        flat = flat + e * st
-    return (flat,)
-
-
-def _flatten(p: Program, names: set[str]) -> Program:
-    """Declare the bases in ``names`` one-dimensional and linearize every access to them
-    (row-major: the same storage, so values and footprints are unchanged)."""
-    if not names:
-        return p
-    names = set(names)
-    changed = True
-    while changed:      # a kernel's two outputs (argmax and its value) share one index
-        changed = False
-        for k in p.kernels:
-            if k.out2 is not None and (k.out in names) != (k.out2 in names):
-                names |= {k.out, k.out2}
-                changed = True
-    shapes = {t.name: t.shape for t in p.tensors if t.name in names}
-
-    def fix(e):
-        if isinstance(e, Access):
-            idx = tuple(fix(i) if isinstance(i, Access) else i for i in e.index)
-            if e.tensor in shapes and len(idx) != 1:
-                idx = _linear(idx, shapes[e.tensor], e.tensor)
-            return Access(e.tensor, idx)
-        if isinstance(e, Call):
-            return Call(e.op, tuple(fix(a) for a in e.args))
-        return e
-
-    kernels = []
-    for k in p.kernels:
-        out_index = tuple(fix(i) if isinstance(i, Access) else i for i in k.out_index)
-        if k.out in shapes and len(out_index) != 1:
-            out_index = _linear(out_index, shapes[k.out], k.out)
-        kernels.append(k.with_(out_index=out_index, body=fix(k.body)))
-    tensors = tuple(TensorDecl(t.name, (t.numel,), t.dtype, t.role) if t.name in shapes else t
-                    for t in p.tensors)
-    return Program(tensors, tuple(kernels), p.notes)
-
-
 def _assumes(ep) -> bool:
     """Was the program traced under a routing or selection-size assumption?"""
     return bool(getattr(ep, "solbound_routing", None) or getattr(ep, "solbound_sizes_assumed", False))
@@ -900,33 +819,6 @@ def _value_reads(e: Expr) -> list[Access]:
     if isinstance(e, Call):
         return [a for x in e.args for a in _value_reads(x)]
     return []
-
-
-def _prune(p: Program) -> Program:
-    """Drop kernels whose outputs nobody reads (dead code after decomposition)."""
-    live = {t.name for t in p.tensors if t.role == "output"}
-    # a kernel that updates DRAM state in place (a KV-cache write into a buffer) is live
-    external = {t.name for t in p.tensors if t.role in EXTERNAL_ROLES}
-    live |= {o for k in p.kernels for o in k.outputs if o in external}
-    # a sequential loop's body reads, in the next iteration, what later kernels of the
-    # body write: liveness over it runs to a fixed point
-    kept: set[int] = set()
-    for seg in reversed(loop_segments(p.kernels)):
-        changed = True
-        while changed:
-            changed = False
-            for k in reversed(seg):
-                if id(k) not in kept and any(o in live for o in k.outputs):
-                    kept.add(id(k))
-                    live.update(k.outputs)
-                    live.update(a.tensor for a in kernel_reads(k))
-                    changed = True
-            if seg[0].loop is None:
-                break
-    keep = [k for k in p.kernels if id(k) in kept]
-    used = live | {t.name for t in p.tensors if t.role != "intermediate"}
-    tensors = tuple(t for t in p.tensors if t.name in used)
-    return Program(tensors, tuple(keep), p.notes)
 
 
 def lower(ep, user_files: tuple[str, ...] = (), input_structure=(),

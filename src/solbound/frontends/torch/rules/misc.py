@@ -271,3 +271,49 @@ def repeat(ctx: OpCtx) -> None:
     kb = KernelBuilder(ctx.low, dims)
     ctx.emit(kb, out, out_idx, kb.load(x, x_idx))
     ctx.bind(out)
+
+
+@rule("aten.roll")
+def roll(ctx: OpCtx) -> None:
+    """``torch.roll(x, shifts, dims)``: along each rolled dimension, two slice copies
+    (``out[s:] = x[:n-s]``, ``out[:s] = x[n-s:]``): data movement with affine indices, no
+    index arithmetic. Several dimensions roll one after another (within the operator)."""
+    x, shifts = ctx.args[0], ctx.args[1]
+    dims = ctx.args[2] if len(ctx.args) > 2 else ctx.kwargs.get("dims", [])
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    out = ctx.output()
+    if not dims:                                   # a roll of the flattened tensor
+        if len(shifts) != 1:
+            raise LoweringError("roll without dims takes one shift")
+        if not x.is_full:
+            x = _table(ctx, x)
+        src = View(x.base, x.meta.reshape(-1), x.base_shape)
+        dst = View(out.base, out.meta.reshape(-1), out.base_shape)
+        _roll_copies(ctx, src, dst, shifts[0], 0)
+        ctx.bind(out)
+        return
+    if len(shifts) != len(dims):
+        raise LoweringError("roll with a different number of shifts and dims")
+    cur = x
+    for i, (s, d) in enumerate(zip(shifts, dims)):
+        dst = out if i == len(dims) - 1 else ctx.new_tensor(x.shape, out.dtype,
+                                                            f"{ctx.node.name}_step{i}")
+        _roll_copies(ctx, cur, dst, s, d % x.ndim)
+        cur = dst
+    ctx.bind(out)
+
+
+def _roll_copies(ctx: OpCtx, src: View, dst: View, shift: int, dim: int) -> None:
+    n = src.shape[dim]
+    s = shift % n if n else 0
+    pieces = [(s, n, 0), (0, s, n - s)]            # (dst start, dst end, src start)
+    for lo, hi, start in pieces:
+        if hi <= lo:
+            continue
+        shape = tuple(hi - lo if i == dim else e for i, e in enumerate(src.shape))
+        kb = ctx.builder(shape)
+        idx = dims_vars(len(shape))
+        oi = [v + lo if i == dim else v for i, v in enumerate(idx)]
+        si = [v + start if i == dim else v for i, v in enumerate(idx)]
+        ctx.emit(kb, dst, oi, kb.load(src, si))

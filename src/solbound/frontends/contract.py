@@ -1,0 +1,46 @@
+"""The contract between a frontend and the rest of the pipeline.
+
+A frontend (PyTorch, JAX) turns a program into a :class:`LoweredProgram`: the loop IR plus
+what validation and the report need to know about the original program (its inputs, state,
+outputs, framework operators, unsupported operators with source lines, random draws).
+Nothing here depends on a framework.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.model import Program
+
+
+class FrontendError(RuntimeError):
+    """A program that cannot be loaded or traced; the message is one line."""
+
+
+@dataclass
+class Unsupported:
+    operator: str
+    source: str
+    reason: str
+    node: str
+
+
+@dataclass
+class LoweredProgram:
+    """The IR plus what the frontend learned that the IR itself does not hold."""
+
+    program: Program
+    unsupported: list[Unsupported]
+    # graph output position -> (kind, name, view meta) for validation
+    outputs: list[dict]
+    inputs: list[dict]           # user inputs in order: {"name", "ir"}
+    state: list[dict]            # parameters/buffers: {"target", "ir", "role"}
+    groups: dict[str, dict]      # op id -> {"name", "src"}
+    # FX node name -> where its (first) tensor value lives in the IR, for diagnosis
+    values: dict[str, dict] = field(default_factory=dict)
+    rules_used: set[str] = field(default_factory=set)
+    # IR tensor holding a random draw -> (FX node, output index or None): validation
+    # replays the framework's draw there
+    random_draws: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    # intermediates the demand pass confined to the elements their readers use
+    partial: set[str] = field(default_factory=set)

@@ -1,0 +1,434 @@
+"""JAX programs to the loop IR: ``jax.make_jaxpr`` on abstract values, one rule per primitive.
+
+The function is traced on ``jax.ShapeDtypeStruct`` leaves (nothing is allocated). Every jaxpr
+variable is a *view* of an IR base tensor: ``(base, shape, strides, offset)`` over the base's
+row-major storage. ``transpose``, ``broadcast_in_dim``, ``reshape`` (of a contiguous view),
+``squeeze``, ``expand_dims``, static ``slice`` and ``rev`` make views and move no data; an access
+through a view that is not its base in row-major order addresses the base as flat storage
+(``ir.passes.flatten_bases`` declares it one-dimensional at the end). Calls (``pjit``,
+``closed_call``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``) are inlined, and their
+equations keep the group of the top-level equation: a jitted library function such as
+``jax.nn.softmax`` is one framework operator for the unfused bound, as eager JAX dispatches
+it. A primitive without a rule is listed in ``unsupported`` with its source line; its outputs
+become program inputs so the rest is still counted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ...ir.affine import Aff
+from ...ir.model import Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl
+from ...ir.passes import contiguous_strides, flatten_bases, prune_dead
+from ...ir.text import RESERVED
+from ..contract import FrontendError, LoweredProgram, Unsupported
+
+DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
+          "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8",
+          "uint32": "i32", "bool": "bool", "complex64": "c64", "complex128": "c128"}
+
+
+class JaxLoweringError(Exception):
+    """An equation a rule cannot lower (reported as unsupported)."""
+
+
+def ir_dtype(dtype) -> str:
+    name = np.dtype(dtype).name if not hasattr(dtype, "name") else dtype.name
+    if name not in DTYPES:
+        raise JaxLoweringError(f"dtype {name}")
+    return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class JView:
+    """A strided window onto base IR tensor ``base`` (row-major storage)."""
+
+    base: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: Any                     # an int, or an Aff in a sequential loop's variable
+    dtype: str
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def is_full(self, base_shape: tuple[int, ...]) -> bool:
+        return (self.shape == base_shape and isinstance(self.offset, int) and self.offset == 0
+                and self.strides == contiguous_strides(base_shape))
+
+    def contiguous(self) -> bool:
+        return self.strides == contiguous_strides(self.shape)
+
+
+def _src(eqn) -> str:
+    from jax._src import source_info_util
+    s = source_info_util.summarize(eqn.source_info)
+    m = re.match(r"(.*?):(\d+)", s or "")
+    if not m:
+        return ""
+    return f"{m.group(1).rsplit('/', 1)[-1]}:{m.group(2)}"
+
+
+class Ctx:
+    """What a rule sees: the equation, its arguments (views or Python scalars), helpers."""
+
+    def __init__(self, low: "JaxLowering", eqn, args: list):
+        self.low, self.eqn, self.args = low, eqn, args
+        self.params = eqn.params if eqn is not None else {}
+
+    @property
+    def out_avals(self):
+        return [v.aval for v in self.eqn.outvars]
+
+    def output(self, i: int = 0) -> JView:
+        aval = self.out_avals[i]
+        return self.low.new_base(f"{self.eqn.primitive.name}", tuple(aval.shape),
+                                 ir_dtype(aval.dtype))
+
+    def load(self, v, index: list) -> Expr:
+        """``v`` at ``index`` (one affine entry per view dim); a Python scalar is a constant."""
+        if not isinstance(v, JView):
+            return Const(v)
+        return self.low.access(v, [Aff.of(i) for i in index])
+
+    def emit(self, out: JView, dims: list[tuple[str, int]], out_index: list, body: Expr, *,
+             reduce: str | None = None, scan: str | None = None, unit: str = "",
+             out2: str | None = None, guard: tuple = ()) -> None:
+        from ...ir.affine import Atom
+        from ...ir.model import subst_expr
+        k = Kernel(name=self.low.kernel_name(), dims=tuple((d, n) for d, n in dims if n != 1),
+                   out=out.base, out_index=(), body=body, reduce=reduce, scan=scan, unit=unit,
+                   out2=out2)
+        ones = {d: Aff.lit(0) for d, n in dims if n == 1}
+        idx = [Aff.of(a).subst(ones) for a in out_index]
+        target = self.low.access(out, idx)
+        atoms = tuple(Atom(a.expr.subst(ones), a.lo, a.hi) for a in guard)
+        k = k.with_(out_index=target.index, body=subst_expr(body, ones), guard=atoms)
+        if scan in ones:
+            k = k.with_(scan=None, reduce=None)
+        self.low.add_kernel(k)
+
+    def emit_library(self, out: JView, dims: list[tuple[str, int]], out_index: list, body: Expr,
+                     lib: tuple) -> None:
+        """A library kernel (``ir/library.py``): ``out`` whole from the operands in ``body``."""
+        self.emit(out, dims, out_index, body)
+        self.low.kernels[-1] = self.low.kernels[-1].with_(lib=lib)
+
+    def bind(self, *values) -> None:
+        for var, v in zip(self.eqn.outvars, values):
+            self.low.env[var] = v
+
+
+Rule = Callable[[Ctx], None]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str):
+    def deco(fn: Rule) -> Rule:
+        for n in names:
+            RULES[n] = fn
+        return fn
+    return deco
+
+
+CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+         "custom_vjp_call_jaxpr", "remat", "checkpoint", "remat2")
+
+
+class JaxLowering:
+    def __init__(self, closed, arg_names: list[str]):
+        self.closed = closed
+        self.arg_names = arg_names
+        self.env: dict = {}
+        self.tensors: dict[str, TensorDecl] = {}
+        self.kernels: list[Kernel] = []
+        self.unsupported: list[Unsupported] = []
+        self.notes: list[str] = []
+        self.groups: dict[str, dict] = {}
+        self.flat: set[str] = set()
+        self.state: list[dict] = []
+        self._names: set[str] = set(RESERVED) | {"d", "r"}
+        self._n = 0
+        self._group = ("", "", "")
+        self.rules_used: set[str] = set()
+        self.loop: tuple[str, int, int] | None = None      # the sequential loop being built
+        self._loops = 0
+
+    # names ------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        base = re.sub(r"\W", "_", hint).strip("_") or "t"
+        if base[0].isdigit() or re.fullmatch(r"[dr]\d+", base):
+            base = "t_" + base
+        name, i = base, 1
+        while name in self._names:
+            i += 1
+            name = f"{base}_{i}"
+        self._names.add(name)
+        return name
+
+    def kernel_name(self) -> str:
+        self._n += 1
+        return f"k{self._n}"
+
+    def new_base(self, hint: str, shape: tuple[int, ...], dtype: str, role: str = "intermediate"):
+        name = self.fresh(hint)
+        self.tensors[name] = TensorDecl(name, tuple(int(s) for s in shape), dtype, role)
+        return JView(name, tuple(shape), contiguous_strides(tuple(shape)), 0, dtype)
+
+    def add_kernel(self, k: Kernel) -> None:
+        op, opname, src = self._group
+        self.kernels.append(k.with_(op=op, opname=opname, src=src, loop=self.loop))
+
+    # accesses -----------------------------------------------------------------
+    def access(self, v: JView, index: list[Aff]) -> Access:
+        base_shape = self.tensors[v.base].shape
+        if v.is_full(base_shape) and v.base not in self.flat:
+            return Access(v.base, tuple(index))
+        flat = Aff.of(v.offset)
+        for e, n, s in zip(index, v.shape, v.strides):
+            if n != 1 and s != 0:
+                flat = flat + e * s
+        if len(base_shape) == 1 and v.base not in self.flat:
+            return Access(v.base, (flat,))
+        self.flat.add(v.base)
+        return Access(v.base, (flat,))
+
+    # main -----------------------------------------------------------------------
+    def run(self) -> LoweredProgram:
+        jaxpr = self.closed.jaxpr
+        self.read_vars = _read_vars(jaxpr)
+        inputs = []
+        for var, name in zip(jaxpr.invars, self.arg_names):
+            aval = var.aval
+            v = self.new_base(name, tuple(aval.shape), ir_dtype(aval.dtype), "input")
+            self.env[var] = v
+            inputs.append({"name": name, "ir": v.base})
+        self._consts(jaxpr.constvars, self.closed.consts)
+        for i, eqn in enumerate(jaxpr.eqns):
+            name = eqn.primitive.name
+            if name in CALLS:
+                inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") \
+                    or eqn.params.get("fun_jaxpr")
+                label = eqn.params.get("name", name)
+            else:
+                label = name
+            self._group = (f"e{i}", f"jax.{label}", _src(eqn))
+            self.groups.setdefault(f"e{i}", {"name": f"jax.{label}", "src": _src(eqn),
+                                             "module": ""})
+            self.lower_eqn(eqn)
+        outputs = []
+        for var in jaxpr.outvars:
+            v = self.read(var)
+            if isinstance(v, JView):
+                d = self.tensors[v.base]
+                if d.role == "intermediate":
+                    if v.is_full(d.shape):
+                        self.tensors[v.base] = TensorDecl(d.name, d.shape, d.dtype, "output")
+                    else:
+                        v = self._copy(v, "out", role="output")
+                outputs.append({"kind": "output", "ir": v.base, "shape": list(v.shape),
+                                "strides": list(v.strides), "offset": v.offset, "target": None})
+            else:
+                outputs.append({"kind": "output", "ir": None, "value": v, "target": None})
+        program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
+        program = prune_dead(flatten_bases(program, self.flat))
+        return LoweredProgram(program, self.unsupported, outputs, inputs, self.state,
+                              self.groups, rules_used=self.rules_used)
+
+    def _consts(self, constvars, consts) -> None:
+        for var, val in zip(constvars, consts):
+            arr = np.asarray(val)
+            if arr.ndim == 0:
+                self.env[var] = arr.item()
+                continue
+            v = self.new_base("const", arr.shape, ir_dtype(arr.dtype), "constant")
+            self.env[var] = v
+            self.state.append({"target": v.base, "ir": v.base, "role": "constant", "value": arr})
+
+    def read(self, atom):
+        from jax.extend.core import Literal
+        if isinstance(atom, Literal):
+            val = np.asarray(atom.val)
+            return val.item() if val.ndim == 0 else self._literal_array(val)
+        return self.env[atom]
+
+    def _literal_array(self, arr):
+        v = self.new_base("lit", arr.shape, ir_dtype(arr.dtype), "constant")
+        self.state.append({"target": v.base, "ir": v.base, "role": "constant", "value": arr})
+        return v
+
+    def lower_eqn(self, eqn) -> None:
+        name = eqn.primitive.name
+        if name in CALLS:
+            self._inline(eqn)
+            return
+        if name == "scan":
+            try:
+                self._scan(eqn)
+                self.rules_used.add("scan")
+                return
+            except JaxLoweringError as e:
+                self.unsupported.append(Unsupported("jax.scan", _src(eqn) or self._group[2],
+                                                    str(e), name))
+                for var in eqn.outvars:
+                    self.env[var] = self.new_base("scan_unsupported", tuple(var.aval.shape),
+                                                  ir_dtype(var.aval.dtype), "input")
+                return
+        args = [self.read(a) for a in eqn.invars]
+        fn = RULES.get(name)
+        reason = "no lowering rule"
+        if fn is not None:
+            n_k, n_t = len(self.kernels), dict(self.tensors)
+            try:
+                fn(Ctx(self, eqn, args))
+                self.rules_used.add(name)
+                return
+            except JaxLoweringError as e:
+                reason = str(e)
+                del self.kernels[n_k:]
+                self.tensors = n_t
+        self.unsupported.append(Unsupported(f"jax.{name}", _src(eqn) or self._group[2],
+                                            reason, name))
+        for var in eqn.outvars:
+            aval = var.aval
+            self.env[var] = self.new_base(f"{name}_unsupported", tuple(aval.shape),
+                                          ir_dtype(aval.dtype), "input")
+
+    def _inline(self, eqn) -> None:
+        p = eqn.params
+        inner = p.get("jaxpr") or p.get("call_jaxpr") or p.get("fun_jaxpr")
+        if inner is None:
+            raise FrontendError(f"jax.{eqn.primitive.name} without a jaxpr")
+        closed = inner if hasattr(inner, "jaxpr") else None
+        jaxpr = closed.jaxpr if closed is not None else inner
+        args = [self.read(a) for a in eqn.invars]
+        if closed is not None:
+            self._consts(jaxpr.constvars, closed.consts)
+        # custom_jvp/vjp calls may pass extra (jvp) operands first: bind the trailing ones
+        args = args[len(args) - len(jaxpr.invars):]
+        for var, a in zip(jaxpr.invars, args):
+            self.env[var] = a
+        for inner_eqn in jaxpr.eqns:
+            self.lower_eqn(inner_eqn)
+        for out, var in zip(eqn.outvars, jaxpr.outvars):
+            self.env[out] = self.read(var)
+
+    def _scan(self, eqn) -> None:
+        """``lax.scan``: a sequential loop in the IR, its body lowered once. Each carry
+        lives in a history tensor ``[length + 1, ...]`` (iteration ``ts`` reads row ``ts``
+        and writes row ``ts + 1``), each stacked output in ``[length, ...]``; the scanned
+        inputs are read at row ``ts``. Counting multiplies the body by the trip count."""
+        p = eqn.params
+        if p.get("reverse") or self.loop is not None:
+            raise JaxLoweringError("a reversed or nested scan")
+        length, nc, ncar = p["length"], p["num_consts"], p["num_carry"]
+        closed = p["jaxpr"]
+        body = closed.jaxpr
+        args = [self.read(a) for a in eqn.invars]
+        consts, init, xs = args[:nc], args[nc:nc + ncar], args[nc + ncar:]
+        if any(not isinstance(x, JView) for x in xs):
+            raise JaxLoweringError("scan over a literal")
+        self._consts(body.constvars, closed.consts)
+        ts = Aff.var("ts")
+        hist = []
+        for var, c in zip(body.invars[nc:nc + ncar], init):
+            aval = var.aval
+            h = self.new_base("carry", (length + 1,) + tuple(aval.shape), ir_dtype(aval.dtype))
+            row0 = JView(h.base, tuple(aval.shape), h.strides[1:], 0, h.dtype)
+            self._copy_into(c, row0)
+            hist.append(h)
+        ys = [self.new_base("ys", (length,) + tuple(v.aval.shape), ir_dtype(v.aval.dtype))
+              for v in body.outvars[ncar:]]
+        for var, c in zip(body.invars[:nc], consts):
+            self.env[var] = c
+        for var, h in zip(body.invars[nc:nc + ncar], hist):
+            self.env[var] = JView(h.base, h.shape[1:], h.strides[1:], ts * h.strides[0], h.dtype)
+        for var, x in zip(body.invars[nc + ncar:], xs):
+            self.env[var] = JView(x.base, x.shape[1:], x.strides[1:],
+                                  ts * x.strides[0] + x.offset, x.dtype)
+        self._loops += 1
+        self.loop = ("ts", length, self._loops)
+        try:
+            for inner in body.eqns:
+                self.lower_eqn(inner)
+            for var, h in zip(body.outvars[:ncar], hist):
+                self._copy_into(self.read(var), JView(h.base, h.shape[1:], h.strides[1:],
+                                                      (ts + 1) * h.strides[0], h.dtype))
+            for var, y in zip(body.outvars[ncar:], ys):
+                self._copy_into(self.read(var), JView(y.base, y.shape[1:], y.strides[1:],
+                                                      ts * y.strides[0], y.dtype))
+        finally:
+            self.loop = None
+        for out, h in zip(eqn.outvars[:ncar], hist):
+            self.env[out] = JView(h.base, h.shape[1:], h.strides[1:], length * h.strides[0],
+                                  h.dtype)
+        for out, y in zip(eqn.outvars[ncar:], ys):
+            self.env[out] = y
+
+    def _copy_into(self, src, dst: JView) -> None:
+        dims = [(f"d{i}", n) for i, n in enumerate(dst.shape)]
+        idx = [Aff.var(d) for d, _ in dims]
+        body = self.access(src, idx) if isinstance(src, JView) else Const(src)
+        if isinstance(src, JView) and src.ndim == 0:
+            body = self.access(src, [])
+        Ctx(self, None, []).emit(dst, dims, idx, body)
+
+    def _copy(self, v: JView, hint: str, role: str = "intermediate") -> JView:
+        out = self.new_base(hint, v.shape, v.dtype, role)
+        dims = [(f"d{i}", n) for i, n in enumerate(v.shape)]
+        idx = [Aff.var(d) for d, _ in dims]
+        Ctx(self, None, []).emit(out, dims, idx, self.access(v, idx))
+        return out
+
+
+def _read_vars(jaxpr, acc=None) -> set:
+    """Every variable some equation reads, or a jaxpr returns, through nested jaxprs."""
+    from jax.extend.core import Literal
+    acc = set() if acc is None else acc
+    for eqn in jaxpr.eqns:
+        for a in eqn.invars:
+            if not isinstance(a, Literal):
+                acc.add(a)
+        for val in eqn.params.values():
+            for sub in (val if isinstance(val, (list, tuple)) else [val]):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    _read_vars(inner, acc)
+    acc.update(v for v in jaxpr.outvars if not isinstance(v, Literal))
+    return acc
+
+
+def trace(fn, args) -> tuple[Any, list[str]]:
+    """(closed jaxpr, a name per flattened argument leaf) of ``fn(*args)`` on abstract values."""
+    import jax
+    leaves, tree = jax.tree_util.tree_flatten_with_path(args)
+    abstract = jax.tree_util.tree_map(
+        lambda x: x if isinstance(x, jax.ShapeDtypeStruct)
+        else jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", np.asarray(x).dtype)), args)
+    try:
+        closed = jax.make_jaxpr(fn)(*abstract)
+    except Exception as e:  # noqa: BLE001 - one line for the user
+        msg = str(e).strip().splitlines()
+        raise FrontendError(f"jax.make_jaxpr failed: {type(e).__name__}: "
+                            f"{msg[0] if msg else ''}") from None
+    names = []
+    for path, _ in leaves:
+        key = "_".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
+                       for k in path)
+        names.append(re.sub(r"\W", "_", key) or "arg")
+    return closed, names
+
+
+def lower(fn, args) -> LoweredProgram:
+    """The loop IR of ``fn(*args)`` (``args``: arrays or ``jax.ShapeDtypeStruct`` pytrees)."""
+    from . import rules  # noqa: F401  (registers the rules)
+    closed, names = trace(fn, args)
+    return JaxLowering(closed, names).run()
+
+
+__all__ = ["lower", "trace", "RULES", "rule", "Ctx", "JView", "JaxLoweringError"]

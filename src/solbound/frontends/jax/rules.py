@@ -1,0 +1,562 @@
+"""Lowering rules for JAX primitives, one small function each (registered on import).
+
+Elementwise primitives take operands of one shape (jaxprs broadcast explicitly with
+``broadcast_in_dim``), or rank-0 scalars; views move no data; ``dot_general`` is one
+contraction; reductions, arg-reductions and cumulative ops map to the IR's kinds.
+"""
+
+from __future__ import annotations
+
+from ...ir.affine import Aff
+from ...ir.model import Call, Const, Idx
+from .lower import Ctx, JaxLoweringError, JView, ir_dtype, rule
+
+
+def _dims(shape, prefix: str = "d") -> list[tuple[str, int]]:
+    return [(f"{prefix}{i}", int(n)) for i, n in enumerate(shape)]
+
+
+def _vars(dims) -> list[Aff]:
+    return [Aff.var(d) for d, _ in dims]
+
+
+def _operand(ctx: Ctx, a, idx: list[Aff]):
+    """An elementwise operand at the output's index (a rank-0 view or a scalar broadcasts,
+    and so does a dimension of size 1)."""
+    if isinstance(a, JView) and a.ndim == 0:
+        return ctx.load(a, [])
+    if isinstance(a, JView):
+        idx = idx[len(idx) - a.ndim:]
+        idx = [Aff.lit(0) if n == 1 else v for v, n in zip(idx, a.shape)]
+    return ctx.load(a, idx)
+
+
+def _elementwise(ctx: Ctx, body_fn) -> None:
+    out = ctx.output()
+    dims = _dims(out.shape)
+    idx = _vars(dims)
+    ops = [_operand(ctx, a, idx) for a in ctx.args]
+    ctx.emit(out, dims, idx, body_fn(*ops))
+    ctx.bind(out)
+
+
+BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "maximum",
+          "min": "minimum", "pow": "pow", "rem": "mod", "eq": "eq", "ne": "ne", "lt": "lt",
+          "le": "le", "gt": "gt", "ge": "ge", "and": "and", "or": "or", "xor": "xor",
+          "atan2": None}
+UNARY = {"neg": "neg", "exp": "exp", "exp2": "exp2", "log": "log", "log1p": "log1p",
+         "expm1": "expm1", "tanh": "tanh", "logistic": "sigmoid", "sqrt": "sqrt",
+         "rsqrt": "rsqrt", "abs": "abs", "sign": "sign", "floor": "floor", "ceil": "ceil",
+         "round": "round", "sin": "sin", "cos": "cos", "erf": "erf", "erf_inv": "erfinv",
+         "not": "not", "is_finite": None}
+
+
+def _binary(op: str):
+    def fn(ctx: Ctx) -> None:
+        _elementwise(ctx, lambda a, b: Call(op, (a, b)))
+    return fn
+
+
+def _unary(op: str):
+    def fn(ctx: Ctx) -> None:
+        _elementwise(ctx, lambda a: Call(op, (a,)))
+    return fn
+
+
+for _p, _op in BINARY.items():
+    if _op is not None:
+        rule(_p)(_binary(_op))
+for _p, _op in UNARY.items():
+    if _op is not None:
+        rule(_p)(_unary(_op))
+
+
+@rule("square")
+def square(ctx: Ctx) -> None:
+    _elementwise(ctx, lambda a: Call("mul", (a, a)))
+
+
+@rule("integer_pow")
+def integer_pow(ctx: Ctx) -> None:
+    """``x ** n`` by repeated multiplication (``n - 1`` products; a reciprocal if n < 0)."""
+    n = int(ctx.params["y"])
+
+    def body(a):
+        if n == 0:
+            return Const(1.0)
+        e = a
+        for _ in range(abs(n) - 1):
+            e = Call("mul", (e, a))
+        return Call("recip", (e,)) if n < 0 else e
+    _elementwise(ctx, body)
+
+
+@rule("select_n")
+def select_n(ctx: Ctx) -> None:
+    """``select_n(p, *cases)``: case ``p`` (a boolean picks between two)."""
+    if len(ctx.args) != 3:
+        raise JaxLoweringError("select_n with more than two cases")
+    _elementwise(ctx, lambda p, a, b: Call("select", (p, b, a)))
+
+
+@rule("clamp")
+def clamp(ctx: Ctx) -> None:
+    _elementwise(ctx, lambda lo, x, hi: Call("minimum", (Call("maximum", (x, lo)), hi)))
+
+
+@rule("convert_element_type")
+def convert(ctx: Ctx) -> None:
+    dt = ir_dtype(ctx.params["new_dtype"])
+    _elementwise(ctx, lambda a: Call(f"to_{dt}", (a,)))
+
+
+@rule("stop_gradient", "copy", "copy_p", "reduce_precision", "optimization_barrier")
+def identity(ctx: Ctx) -> None:
+    ctx.bind(*ctx.args[:len(ctx.eqn.outvars)])
+
+
+# --- views ---------------------------------------------------------------------------
+
+def _view(ctx: Ctx, x: JView, shape, strides, offset) -> None:
+    ctx.bind(JView(x.base, tuple(int(s) for s in shape), tuple(int(s) for s in strides),
+                   int(offset), x.dtype))
+
+
+def _as_view(ctx: Ctx, a) -> JView:
+    if isinstance(a, JView):
+        return a
+    raise JaxLoweringError("a view of a scalar literal")
+
+
+@rule("broadcast_in_dim")
+def broadcast_in_dim(ctx: Ctx) -> None:
+    x = ctx.args[0]
+    shape = tuple(ctx.params["shape"])
+    bd = tuple(ctx.params["broadcast_dimensions"])
+    if not isinstance(x, JView):
+        out = ctx.output()
+        dims = _dims(shape)
+        ctx.emit(out, dims, _vars(dims), Const(x))
+        ctx.bind(out)
+        return
+    strides = []
+    for d, n in enumerate(shape):
+        if d in bd:
+            j = bd.index(d)
+            strides.append(x.strides[j] if x.shape[j] == n else 0)
+        else:
+            strides.append(0)
+    _view(ctx, x, shape, strides, x.offset)
+
+
+@rule("transpose")
+def transpose(ctx: Ctx) -> None:
+    x = _as_view(ctx, ctx.args[0])
+    perm = ctx.params["permutation"]
+    _view(ctx, x, [x.shape[p] for p in perm], [x.strides[p] for p in perm], x.offset)
+
+
+@rule("reshape")
+def reshape(ctx: Ctx) -> None:
+    x = _as_view(ctx, ctx.args[0])
+    if ctx.params.get("dimensions"):
+        raise JaxLoweringError("reshape with dimensions")
+    if not x.contiguous():
+        x = ctx.low._copy(x, "reshape_src")
+    shape = tuple(ctx.params["new_sizes"])
+    from ...ir.passes import contiguous_strides
+    _view(ctx, x, shape, contiguous_strides(shape), x.offset)
+
+
+@rule("squeeze")
+def squeeze(ctx: Ctx) -> None:
+    x = _as_view(ctx, ctx.args[0])
+    drop = {d % x.ndim for d in ctx.params["dimensions"]}
+    keep = [i for i in range(x.ndim) if i not in drop]
+    _view(ctx, x, [x.shape[i] for i in keep], [x.strides[i] for i in keep], x.offset)
+
+
+@rule("expand_dims")
+def expand_dims(ctx: Ctx) -> None:
+    x = _as_view(ctx, ctx.args[0])
+    shape, strides = list(x.shape), list(x.strides)
+    for d in sorted(ctx.params["dimensions"]):
+        shape.insert(d, 1)
+        strides.insert(d, 0)
+    _view(ctx, x, shape, strides, x.offset)
+
+
+@rule("slice")
+def slice_(ctx: Ctx) -> None:
+    x = _as_view(ctx, ctx.args[0])
+    start, limit = ctx.params["start_indices"], ctx.params["limit_indices"]
+    step = ctx.params.get("strides") or [1] * x.ndim
+    off = x.offset + sum(a * s for a, s in zip(start, x.strides))
+    shape = [max(0, -(-(hi - lo) // st)) for lo, hi, st in zip(start, limit, step)]
+    _view(ctx, x, shape, [s * st for s, st in zip(x.strides, step)], off)
+
+
+@rule("rev")
+def rev(ctx: Ctx) -> None:
+    x = _as_view(ctx, ctx.args[0])
+    dims = set(ctx.params["dimensions"])
+    off = x.offset + sum((x.shape[d] - 1) * x.strides[d] for d in dims)
+    _view(ctx, x, x.shape, [-s if i in dims else s for i, s in enumerate(x.strides)], off)
+
+
+# --- data movement ------------------------------------------------------------------
+
+@rule("concatenate")
+def concatenate(ctx: Ctx) -> None:
+    out = ctx.output()
+    axis = ctx.params["dimension"]
+    pos = 0
+    for a in ctx.args:
+        a = _as_view(ctx, a)
+        dims = _dims(a.shape)
+        idx = _vars(dims)
+        oi = [v + pos if i == axis else v for i, v in enumerate(idx)]
+        ctx.emit(out, dims, oi, ctx.load(a, idx))
+        pos += a.shape[axis]
+    ctx.bind(out)
+
+
+@rule("pad")
+def pad(ctx: Ctx) -> None:
+    x, value = _as_view(ctx, ctx.args[0]), ctx.args[1]
+    cfg = ctx.params["padding_config"]
+    if any(lo < 0 or hi < 0 for lo, hi, _ in cfg):
+        raise JaxLoweringError("pad with negative padding")
+    out = ctx.output()
+    dims = _dims(out.shape)
+    ctx.emit(out, dims, _vars(dims), ctx.load(value, []) if isinstance(value, JView) else Const(value))
+    dims = _dims(x.shape)
+    idx = _vars(dims)
+    oi = [v * (interior + 1) + lo for v, (lo, _, interior) in zip(idx, cfg)]
+    ctx.emit(out, dims, oi, ctx.load(x, idx))
+    ctx.bind(out)
+
+
+@rule("iota")
+def iota(ctx: Ctx) -> None:
+    out = ctx.output()
+    dims = _dims(out.shape)
+    d = ctx.params["dimension"]
+    ctx.emit(out, dims, _vars(dims), Call(f"to_{out.dtype}", (Idx(Aff.var(f"d{d}")),)))
+    ctx.bind(out)
+
+
+# --- contractions and reductions ---------------------------------------------------
+
+@rule("dot_general")
+def dot_general(ctx: Ctx) -> None:
+    """``out[batch, lhs free, rhs free] = sum over contracted dims of lhs * rhs``."""
+    a, b = _as_view(ctx, ctx.args[0]), _as_view(ctx, ctx.args[1])
+    (lc, rc), (lb, rb) = ctx.params["dimension_numbers"]
+    out = ctx.output()
+    lf = [i for i in range(a.ndim) if i not in lc and i not in lb]
+    rf = [i for i in range(b.ndim) if i not in rc and i not in rb]
+    dims = _dims(out.shape) + [(f"r{j}", a.shape[i]) for j, i in enumerate(lc)]
+    ov = _vars(dims[:out.ndim])
+    ai, bi = [None] * a.ndim, [None] * b.ndim
+    k = 0
+    for i, j in zip(lb, rb):
+        ai[i], bi[j] = ov[k], ov[k]
+        k += 1
+    for i in lf:
+        ai[i] = ov[k]
+        k += 1
+    for j in rf:
+        bi[j] = ov[k]
+        k += 1
+    for r, (i, j) in enumerate(zip(lc, rc)):
+        ai[i] = bi[j] = Aff.var(f"r{r}")
+    body = Call("mul", (ctx.load(a, ai), ctx.load(b, bi)))
+    if a.dtype != out.dtype or b.dtype != out.dtype:
+        body = Call("mul", (Call(f"to_{out.dtype}", (ctx.load(a, ai),)),
+                            Call(f"to_{out.dtype}", (ctx.load(b, bi),))))
+    unit = "matmul" if lc and not _exact(ctx) else ""
+    ctx.emit(out, dims, ov, body, reduce="sum" if lc else None, unit=unit)
+    ctx.bind(out)
+
+
+def _exact(ctx: Ctx) -> bool:
+    """``precision=HIGHEST`` (or the ``F32_F32_F32`` algorithm) in the program: true fp32,
+    the FP32 vector pipe, whatever the default policy."""
+    p = ctx.params.get("precision")
+    text = str(p).upper()
+    return "HIGHEST" in text or "F32_F32_F32" in text
+
+
+def _reduce(op: str):
+    def fn(ctx: Ctx) -> None:
+        x = _as_view(ctx, ctx.args[0])
+        axes = set(ctx.params["axes"])
+        out = ctx.output()
+        dims = [(f"d{i}", n) if i not in axes else (f"r{i}", n) for i, n in enumerate(x.shape)]
+        xi = _vars(dims)
+        oi = [v for i, v in enumerate(xi) if i not in axes]
+        if not axes:
+            ctx.emit(out, dims, oi, ctx.load(x, xi))
+        else:
+            ctx.emit(out, dims, oi, ctx.load(x, xi), reduce=op)
+        ctx.bind(out)
+    return fn
+
+
+for _p, _op in (("reduce_sum", "sum"), ("reduce_max", "max"), ("reduce_min", "min"),
+                ("reduce_prod", "prod"), ("reduce_and", "all"), ("reduce_or", "any")):
+    rule(_p)(_reduce(_op))
+
+
+def _argreduce(op: str):
+    def fn(ctx: Ctx) -> None:
+        x = _as_view(ctx, ctx.args[0])
+        (axis,) = ctx.params["axes"]
+        out = ctx.output()
+        dims = [(f"d{i}", n) if i != axis else ("r0", n) for i, n in enumerate(x.shape)]
+        xi = _vars(dims)
+        ctx.emit(out, dims, [v for i, v in enumerate(xi) if i != axis], ctx.load(x, xi),
+                 reduce=op)
+        ctx.bind(out)
+    return fn
+
+
+rule("argmax")(_argreduce("argmax"))
+rule("argmin")(_argreduce("argmin"))
+
+
+def _cumulative(op: str):
+    def fn(ctx: Ctx) -> None:
+        x = _as_view(ctx, ctx.args[0])
+        axis = ctx.params["axis"]
+        if ctx.params.get("reverse"):
+            raise JaxLoweringError(f"reverse cumulative {op}")
+        out = ctx.output()
+        dims = _dims(x.shape)
+        idx = _vars(dims)
+        ctx.emit(out, dims, idx, ctx.load(x, idx), reduce=op, scan=f"d{axis}")
+        ctx.bind(out)
+    return fn
+
+
+for _p, _op in (("cumsum", "sum"), ("cumprod", "prod"), ("cummax", "max"), ("cummin", "min")):
+    rule(_p)(_cumulative(_op))
+
+
+@rule("erfc")
+def erfc(ctx: Ctx) -> None:
+    _elementwise(ctx, lambda a: Call("sub", (Const(1.0), Call("erf", (a,)))))
+
+
+# --- convolutions and pooling ------------------------------------------------------
+
+def _window_index(out_v: Aff, k_v: Aff, stride: int, dil: int, lo: int):
+    return out_v * stride + k_v * dil - lo
+
+
+@rule("conv_general_dilated")
+def conv_general_dilated(ctx: Ctx) -> None:
+    """A grouped, strided, dilated convolution in any layout: ``out[n, g*Co/G + o, y...] =
+    sum over c, k... of lhs[n, g*Ci/G + c, y*s + k*d - lo...] * rhs[g*Co/G + o, c, k...]``,
+    the taps that land on padding guarded away (not work)."""
+    from ...ir.affine import Atom
+    lhs, rhs = _as_view(ctx, ctx.args[0]), _as_view(ctx, ctx.args[1])
+    p = ctx.params
+    dn = p["dimension_numbers"]
+    ls, rs, os_ = dn.lhs_spec, dn.rhs_spec, dn.out_spec
+    if any(d != 1 for d in p["lhs_dilation"]) or p["batch_group_count"] != 1:
+        raise JaxLoweringError("conv_general_dilated with lhs dilation or batch groups")
+    G = p["feature_group_count"]
+    out = ctx.output()
+    nsp = len(ls) - 2
+    n = out.shape[os_[0]]
+    co = out.shape[os_[1]]
+    ci_g = rhs.shape[rs[1]]
+    sp_out = [out.shape[os_[2 + i]] for i in range(nsp)]
+    ksz = [rhs.shape[rs[2 + i]] for i in range(nsp)]
+    dims = [("d0", n), ("g", G), ("o", co // G)] + [(f"y{i}", s) for i, s in enumerate(sp_out)] \
+        + [("c", ci_g)] + [(f"k{i}", s) for i, s in enumerate(ksz)]
+    V = Aff.var
+    li, ri, oi = [None] * lhs.ndim, [None] * rhs.ndim, [None] * out.ndim
+    oi[os_[0]], li[ls[0]] = V("d0"), V("d0")
+    oi[os_[1]] = V("g") * (co // G) + V("o")
+    ri[rs[0]] = V("g") * (co // G) + V("o")
+    li[ls[1]] = V("g") * ci_g + V("c")
+    ri[rs[1]] = V("c")
+    guard = []
+    for i in range(nsp):
+        s, d = p["window_strides"][i], p["rhs_dilation"][i]
+        lo = p["padding"][i][0]
+        e = _window_index(V(f"y{i}"), V(f"k{i}"), s, d, lo)
+        li[ls[2 + i]] = e
+        ri[rs[2 + i]] = V(f"k{i}")
+        oi[os_[2 + i]] = V(f"y{i}")
+        size = lhs.shape[ls[2 + i]]
+        lo_b, hi_b = e.bounds({**{f"y{i}": sp_out[i], f"k{i}": ksz[i]}})
+        if lo_b < 0 or hi_b >= size:
+            guard.append(Atom(e, 0, size))
+    body = Call("mul", (ctx.load(lhs, li), ctx.load(rhs, ri)))
+    ctx.emit(out, dims, oi, body, reduce="sum", unit="" if _exact(ctx) else "conv",
+             guard=tuple(guard))
+    ctx.bind(out)
+
+
+def _reduce_window(op: str, identity):
+    def fn(ctx: Ctx) -> None:
+        from ...ir.affine import Atom
+        x = _as_view(ctx, ctx.args[0])
+        p = ctx.params
+        if any(d != 1 for d in p["base_dilation"]):
+            raise JaxLoweringError("reduce_window with base dilation")
+        out = ctx.output()
+        dims = [(f"d{i}", n) for i, n in enumerate(out.shape)] + \
+            [(f"w{i}", w) for i, w in enumerate(p["window_dimensions"])]
+        xi, guard = [], []
+        for i in range(x.ndim):
+            e = Aff.var(f"d{i}") * p["window_strides"][i] \
+                + Aff.var(f"w{i}") * p["window_dilation"][i] - p["padding"][i][0]
+            xi.append(e)
+            lo, hi = e.bounds({f"d{i}": out.shape[i], f"w{i}": p["window_dimensions"][i]})
+            if lo < 0 or hi >= x.shape[i]:
+                guard.append(Atom(e, 0, x.shape[i]))
+        ctx.emit(out, dims, [Aff.var(f"d{i}") for i in range(out.ndim)], ctx.load(x, xi),
+                 reduce=op, guard=tuple(guard))
+        ctx.bind(out)
+    return fn
+
+
+rule("reduce_window_max")(_reduce_window("max", None))
+rule("reduce_window_min")(_reduce_window("min", None))
+rule("reduce_window_sum")(_reduce_window("sum", 0))
+
+
+@rule("split")
+def split(ctx: Ctx) -> None:
+    """``split(x, sizes, axis)``: consecutive slices along ``axis`` (views)."""
+    x = _as_view(ctx, ctx.args[0])
+    axis, pos, outs = ctx.params["axis"], 0, []
+    for n in ctx.params["sizes"]:
+        shape = list(x.shape)
+        shape[axis] = n
+        outs.append(JView(x.base, tuple(shape), x.strides, x.offset + pos * x.strides[axis],
+                          x.dtype))
+        pos += n
+    ctx.bind(*outs)
+
+
+# --- gathers, dynamic slices ----------------------------------------------------------
+
+@rule("gather")
+def gather(ctx: Ctx) -> None:
+    """``gather`` as jnp indexing and ``take`` emit it: the indexed operand dimensions are
+    collapsed (one element each, an indirect access through the index tensor), the others
+    are read whole or from 0 (offset dimensions). Indices are assumed in bounds."""
+    x, ind = _as_view(ctx, ctx.args[0]), _as_view(ctx, ctx.args[1])
+    dn = ctx.params["dimension_numbers"]
+    sizes = ctx.params["slice_sizes"]
+    if dn.operand_batching_dims or not set(dn.start_index_map) <= set(dn.collapsed_slice_dims):
+        raise JaxLoweringError("gather of windows at data-dependent starts or batched operands")
+    out = ctx.output()
+    dims = _dims(out.shape)
+    ov = _vars(dims)
+    batch_pos = [i for i in range(out.ndim) if i not in dn.offset_dims]
+    bvars = [ov[i] for i in batch_pos]
+    offs = iter(ov[i] for i in dn.offset_dims)
+    xi = []
+    for d in range(x.ndim):
+        if d in dn.start_index_map:
+            m = dn.start_index_map.index(d)
+            xi.append(ctx.load(ind, bvars + [Aff.lit(m)]) if ind.ndim == len(bvars) + 1
+                      else ctx.load(ind, bvars))
+        elif d in dn.collapsed_slice_dims:
+            xi.append(Aff.lit(0))
+        else:
+            xi.append(next(offs))
+    from ...ir.model import Access
+    if not x.is_full(ctx.low.tensors[x.base].shape):
+        x = ctx.low._copy(x, "gather_src")
+    ctx.emit(out, dims, ov, Access(x.base, tuple(xi)))
+    del sizes
+    ctx.bind(out)
+
+
+def _static_starts(ctx: Ctx, starts) -> list[int]:
+    vals = []
+    for s in starts:
+        if isinstance(s, JView):
+            raise JaxLoweringError("a dynamic slice at a position known only at run time")
+        vals.append(int(s))
+    return vals
+
+
+@rule("dynamic_slice")
+def dynamic_slice(ctx: Ctx) -> None:
+    """A slice at start indices the program knows (a view); run-time starts are named."""
+    x = _as_view(ctx, ctx.args[0])
+    starts = _static_starts(ctx, ctx.args[1:])
+    sizes = ctx.params["slice_sizes"]
+    starts = [min(max(s, 0), n - k) for s, n, k in zip(starts, x.shape, sizes)]   # JAX clamps
+    off = x.offset + sum(s * st for s, st in zip(starts, x.strides))
+    _view(ctx, x, sizes, x.strides, off)
+
+
+@rule("dynamic_update_slice")
+def dynamic_update_slice(ctx: Ctx) -> None:
+    """``cache.at[...].set(update)`` at a known position: a copy of the operand (in the
+    operator) and the update written into its region (a KV-cache write)."""
+    x, upd = _as_view(ctx, ctx.args[0]), ctx.args[1]
+    starts = _static_starts(ctx, ctx.args[2:])
+    out = ctx.output()
+    ctx.low._copy_into(x, out)
+    upd = _as_view(ctx, upd)
+    starts = [min(max(s, 0), n - k) for s, n, k in zip(starts, x.shape, upd.shape)]
+    off = sum(s * st for s, st in zip(starts, out.strides))
+    region = JView(out.base, upd.shape, out.strides, off, out.dtype)
+    ctx.low._copy_into(upd, region)
+    ctx.bind(out)
+
+
+@rule("sort")
+def sort(ctx: Ctx) -> None:
+    """``lax.sort`` along ``dimension`` with one key: a library sort (n ceil(log2 n)
+    comparisons per row, charged once); further operands (``argsort``'s iota) are permuted
+    along with the key, a gather through the sort's indices."""
+    from ...ir.model import Access
+    if ctx.params.get("num_keys", 1) != 1:
+        raise JaxLoweringError("sort with several keys")
+    ops = [_as_view(ctx, a) for a in ctx.args]
+    key = ops[0]
+    if not key.is_full(ctx.low.tensors[key.base].shape):
+        key = ctx.low._copy(key, "sort_key")
+    dim = ctx.params["dimension"] % key.ndim
+    used = [i for i, v in enumerate(ctx.eqn.outvars) if v in ctx.low.read_vars]
+    outs = [None] * len(ops)
+    dims = _dims(key.shape)
+    ops_dims = [(f"a0_{i}", n) for i, n in enumerate(key.shape)]
+    kidx = [Aff.var(d) for d, _ in ops_dims]
+    first = True
+
+    def routine(out, output):
+        nonlocal first
+        params = (("dim", dim), ("descending", False), ("output", output), ("cost", first))
+        ctx.emit_library(out, dims + ops_dims, _vars(dims), ctx.load(key, kidx), ("sort", params))
+        first = False
+    if 0 in used:
+        outs[0] = ctx.output(0)
+        routine(outs[0], 0)
+    if any(i > 0 for i in used):
+        order = ctx.low.new_base("sort_order", key.shape, "i64")
+        routine(order, 1)
+        for i in range(1, len(ops)):
+            if i not in used:
+                continue
+            src = ops[i]
+            if not src.is_full(ctx.low.tensors[src.base].shape):
+                src = ctx.low._copy(src, "sort_payload")
+            outs[i] = ctx.output(i)
+            idx = _vars(dims)
+            xi = list(idx)
+            xi[dim] = ctx.load(order, idx)
+            ctx.emit(outs[i], dims, idx, Access(src.base, tuple(xi)))
+    ctx.bind(*outs)

@@ -1,0 +1,99 @@
+"""Frontend-neutral passes over a lowered :class:`~solbound.ir.model.Program`.
+
+* :func:`flatten_bases` declares bases addressed as flat storage one-dimensional and
+  linearizes every access to them (a reshape no loop split makes affine);
+* :func:`prune_dead` drops kernels whose outputs nothing reads (dead code after a
+  decomposition), keeping kernels that update DRAM state in place.
+
+Every frontend runs them on the program it builds.
+"""
+
+from __future__ import annotations
+
+from .affine import Aff
+from .model import EXTERNAL_ROLES, Access, Call, Program, TensorDecl, kernel_reads, loop_segments
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of ``shape`` (a size-0 dimension counts as 1)."""
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(st))
+
+
+class FlatIndirectError(Exception):
+    """A base addressed as flat storage and through a data-dependent index."""
+
+
+def _linear(index: tuple, shape: tuple[int, ...], name: str) -> tuple[Aff]:
+    flat = Aff.lit(0)
+    for e, st in zip(index, contiguous_strides(shape)):
+        if isinstance(e, Access):
+            raise FlatIndirectError(name)
+        flat = flat + e * st
+    return (flat,)
+
+
+def flatten_bases(p: Program, names: set[str]) -> Program:
+    """Declare the bases in ``names`` one-dimensional and linearize every access to them
+    (row-major: the same storage, so values and footprints are unchanged)."""
+    if not names:
+        return p
+    names = set(names)
+    changed = True
+    while changed:      # a kernel's two outputs (argmax and its value) share one index
+        changed = False
+        for k in p.kernels:
+            if k.out2 is not None and (k.out in names) != (k.out2 in names):
+                names |= {k.out, k.out2}
+                changed = True
+    shapes = {t.name: t.shape for t in p.tensors if t.name in names}
+
+    def fix(e):
+        if isinstance(e, Access):
+            idx = tuple(fix(i) if isinstance(i, Access) else i for i in e.index)
+            if e.tensor in shapes and len(idx) != 1:
+                idx = _linear(idx, shapes[e.tensor], e.tensor)
+            return Access(e.tensor, idx)
+        if isinstance(e, Call):
+            return Call(e.op, tuple(fix(a) for a in e.args))
+        return e
+
+    kernels = []
+    for k in p.kernels:
+        out_index = tuple(fix(i) if isinstance(i, Access) else i for i in k.out_index)
+        if k.out in shapes and len(out_index) != 1:
+            out_index = _linear(out_index, shapes[k.out], k.out)
+        kernels.append(k.with_(out_index=out_index, body=fix(k.body)))
+    tensors = tuple(TensorDecl(t.name, (t.numel,), t.dtype, t.role) if t.name in shapes else t
+                    for t in p.tensors)
+    return Program(tensors, tuple(kernels), p.notes)
+
+
+def prune_dead(p: Program) -> Program:
+    """Drop kernels whose outputs nobody reads (dead code after decomposition)."""
+    live = {t.name for t in p.tensors if t.role == "output"}
+    # a kernel that updates DRAM state in place (a KV-cache write into a buffer) is live
+    external = {t.name for t in p.tensors if t.role in EXTERNAL_ROLES}
+    live |= {o for k in p.kernels for o in k.outputs if o in external}
+    # a sequential loop's body reads, in the next iteration, what later kernels of the
+    # body write: liveness over it runs to a fixed point
+    kept: set[int] = set()
+    for seg in reversed(loop_segments(p.kernels)):
+        changed = True
+        while changed:
+            changed = False
+            for k in reversed(seg):
+                if id(k) not in kept and any(o in live for o in k.outputs):
+                    kept.add(id(k))
+                    live.update(k.outputs)
+                    live.update(a.tensor for a in kernel_reads(k))
+                    changed = True
+            if seg[0].loop is None:
+                break
+    keep = [k for k in p.kernels if id(k) in kept]
+    used = live | {t.name for t in p.tensors if t.role != "intermediate"}
+    tensors = tuple(t for t in p.tensors if t.name in used)
+    return Program(tensors, tuple(keep), p.notes)

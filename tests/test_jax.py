@@ -1,0 +1,229 @@
+"""The JAX frontend: jaxprs on abstract values lowered into the same IR; twins written in
+PyTorch and in JAX count the same; validation runs the function in JAX."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+import solbound
+from solbound.ir.text import parse_program, print_program
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+S = jax.ShapeDtypeStruct
+F32 = jnp.float32
+
+
+def _same(t, j):
+    """MACs, FLOPs by unit and fused bytes agree."""
+    assert t.counts.macs == j.counts.macs
+    assert t.counts.flops == j.counts.flops
+    assert t.counts.fused.bytes == j.counts.fused.bytes
+
+
+def test_mlp_twins_count_the_same():
+    torch_mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    t = solbound.analyze(torch_mlp, (torch.randn(3, 8),))
+
+    def mlp(p, x):
+        h = jax.nn.relu(x @ p["w1"].T + p["b1"])
+        return h @ p["w2"].T + p["b2"]
+    params = {"w1": S((16, 8), F32), "b1": S((16,), F32), "w2": S((4, 16), F32), "b2": S((4,), F32)}
+    j = solbound.analyze(mlp, (params, S((3, 8), F32)), validate=True)
+    assert j.validation["status"] == "passed", j.validation
+    assert j.lowered.unsupported == []
+    assert j.counts.macs == 3 * 8 * 16 + 3 * 16 * 4
+    _same(t, j)
+
+
+class _Attention(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(d, d, bias=False) for _ in range(3))
+        self.d = d
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        s = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(self.d))
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        return (e / e.sum(-1, keepdim=True)) @ v
+
+
+def test_attention_twins_count_the_same():
+    n, d = 6, 8
+    t = solbound.analyze(_Attention(d), (torch.randn(1, n, d),))
+
+    def attention(p, x):
+        q, k, v = x @ p["q"].T, x @ p["k"].T, x @ p["v"].T
+        s = (q @ jnp.swapaxes(k, -1, -2)) * (1 / math.sqrt(d))
+        e = jnp.exp(s - s.max(-1, keepdims=True))
+        return (e / e.sum(-1, keepdims=True)) @ v
+    params = {k: S((d, d), F32) for k in "qkv"}
+    j = solbound.analyze(attention, (params, S((1, n, d), F32)), validate=True)
+    assert j.validation["status"] == "passed", j.validation
+    assert j.counts.macs == 3 * n * d * d + 2 * n * n * d
+    _same(t, j)
+
+
+def test_views_move_no_data_and_unsupported_primitives_are_named():
+    def f(x):
+        y = jnp.transpose(x.reshape(4, 6), (1, 0))[::2]          # views: no kernel
+        return jax.lax.lgamma(y) * 2
+    rep = solbound.analyze(f, (S((24,), F32),))
+    assert [u.operator for u in rep.lowered.unsupported] == ["jax.lgamma"]
+    assert rep.lowered.unsupported[0].source.startswith("test_jax.py:")
+    assert rep.counts.flops["vector"] == 12                      # only the product
+
+
+def test_jax_ir_text_round_trips():
+    def f(x, w):
+        return jnp.tanh(x @ w).sum(axis=0)
+    rep = solbound.analyze(f, (S((5, 3), F32), S((3, 2), F32)))
+    text = print_program(rep.program)
+    assert print_program(parse_program(text)) == text
+
+
+class _ConvNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2)
+
+    def forward(self, x):
+        return torch.max_pool2d(torch.relu(self.c2(torch.relu(self.c1(x)))), 2)
+
+
+def test_conv_net_twins_count_the_same():
+    t = solbound.analyze(_ConvNet(), (torch.randn(1, 3, 8, 8),))
+    conv = jax.lax.conv_general_dilated
+
+    def net(p, x):
+        y = conv(x, p["w1"], (1, 1), ((1, 1), (1, 1))) + p["b1"][None, :, None, None]
+        y = jax.nn.relu(y)
+        y = conv(y, p["w2"], (2, 2), ((1, 1), (1, 1)), feature_group_count=2) \
+            + p["b2"][None, :, None, None]
+        y = jax.nn.relu(y)
+        return jax.lax.reduce_window(y, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+    params = {"w1": S((8, 3, 3, 3), F32), "b1": S((8,), F32), "w2": S((8, 4, 3, 3), F32),
+              "b2": S((8,), F32)}
+    j = solbound.analyze(net, (params, S((1, 3, 8, 8), F32)), validate=True)
+    assert j.lowered.unsupported == [], j.lowered.unsupported
+    assert j.validation["status"] == "passed", j.validation
+    _same(t, j)
+
+
+class _LSTM(nn.Module):
+    def __init__(self, k, h):
+        super().__init__()
+        self.rnn = nn.LSTM(k, h)
+
+    def forward(self, x, h0, c0):
+        y, (h, c) = self.rnn(x, (h0, c0))
+        return y, h, c
+
+
+def test_lstm_twin_against_a_scan_counts_the_same():
+    T, B, K, H = 7, 2, 5, 6
+    t = solbound.analyze(_LSTM(K, H), (torch.randn(T, B, K), torch.randn(1, B, H),
+                                      torch.randn(1, B, H)))
+
+    def lstm(p, xs, h0, c0):
+        xg = xs @ p["w_ih"].T + p["b_ih"] + p["b_hh"]
+
+        def step(carry, x):
+            h, c = carry
+            i, f, g, o = jnp.split(x + h @ p["w_hh"].T, 4, axis=-1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(c)
+            return (h, c), h
+        (h, c), ys = jax.lax.scan(step, (h0, c0), xg)
+        return ys, h, c
+    params = {"w_ih": S((4 * H, K), F32), "w_hh": S((4 * H, H), F32),
+              "b_ih": S((4 * H,), F32), "b_hh": S((4 * H,), F32)}
+    j = solbound.analyze(lstm, (params, S((T, B, K), F32), S((B, H), F32), S((B, H), F32)),
+                         validate=True)
+    assert j.lowered.unsupported == [], j.lowered.unsupported
+    assert j.validation["status"] == "passed", j.validation
+    assert j.counts.macs == T * B * 4 * H * (K + H)
+    _same(t, j)
+
+
+def test_gather_dynamic_slices_and_sort():
+    def f(E, ids, cache, k):
+        x = E[ids] * 2                                              # an embedding lookup
+        c = jax.lax.dynamic_update_slice(cache, k, (0, 3, 0))       # a cache row written
+        s = jax.lax.dynamic_slice(c, (0, 2, 0), (2, 2, 4)).sum()
+        return x, s, jnp.sort(E, axis=-1), jnp.argsort(E, axis=0)
+    ids = jnp.array([[1, 2, 3], [4, 5, 9]], dtype=jnp.int32)
+    rep = solbound.analyze(f, (S((10, 4), F32), ids, S((2, 8, 4), F32), S((2, 1, 4), F32)),
+                           validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    sorts = [k.flops["vector"] for k in rep.counts.kernels if k.kind == "library"]
+    assert sorts == [10 * 4 * 2, 4 * 10 * 4]                        # n ceil(log2 n) per row
+
+
+def test_flax_transformer_block_counts_in_closed_form():
+    linen = pytest.importorskip("flax.linen")
+
+    class Block(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            x = x + linen.SelfAttention(num_heads=2, qkv_features=16,
+                                        deterministic=True)(linen.LayerNorm()(x))
+            h = linen.Dense(32)(linen.LayerNorm()(x))
+            return x + linen.Dense(16)(linen.gelu(h))
+    m = Block()
+    x = S((2, 5, 16), F32)
+    params = jax.eval_shape(m.init, jax.random.key(0), x)
+    rep = solbound.analyze(lambda p, x: m.apply(p, x), (params, x), validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    t, d, f, heads, hd = 10, 16, 32, 2, 8
+    norms = 2 * t * d                                   # sums of squares
+    attention = 4 * t * d * d + 2 * 2 * heads * 5 * 5 * hd
+    assert rep.counts.macs == norms + attention + 2 * t * d * f
+
+
+def test_flax_cnn_validates():
+    linen = pytest.importorskip("flax.linen")
+
+    class CNN(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            x = linen.relu(linen.BatchNorm(use_running_average=True)(linen.Conv(8, (3, 3))(x)))
+            x = linen.avg_pool(x, (2, 2), strides=(2, 2))
+            return linen.Dense(10)(x.reshape((x.shape[0], -1)))
+    c, x = CNN(), S((1, 8, 8, 3), F32)
+    v = jax.eval_shape(c.init, jax.random.key(0), x)
+    rep = solbound.analyze(lambda v, x: c.apply(v, x), (v, x), validate=True)
+    assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+    # SAME 3x3 conv on 8x8: taps on the padding are not work; the dense layer over 4*4*8
+    valid = sum(min(y + 1, 7) - max(y - 1, 0) + 1 for y in range(8)) ** 2   # (pos, tap) pairs
+    assert rep.counts.macs == valid * 3 * 8 + 128 * 10
+
+
+def test_file_convention_and_the_torch_path_never_imports_jax(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from solbound.cli import main
+    ex = os.path.join(os.path.dirname(__file__), "..", "examples", "jax_mlp.py")
+    assert main(["analyze", ex, "-q", "--validate"]) == 0
+    code = ("import sys, torch, solbound; "
+            "solbound.analyze(torch.nn.Linear(4, 3), (torch.randn(2, 4),)); "
+            "print('jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_default_precision_is_xla_tf32_and_highest_is_fp32():
+    def f(a, b):
+        return a @ b, jnp.dot(a, b, precision=jax.lax.Precision.HIGHEST)
+    rep = solbound.analyze(f, (S((64, 64), F32), S((64, 64), F32)), arch="h100-sxm")
+    kinds = sorted((k.matrix_class, k.flops["matrix"], k.flops["vector"])
+                   for k in rep.counts.kernels if k.macs)
+    assert kinds == [("", 0, 2 * 64 ** 3), ("matmul", 2 * 64 ** 3, 0)]
+    assert "TF32 tensor cores" in rep.policy.describe()
