@@ -227,3 +227,71 @@ def test_default_precision_is_xla_tf32_and_highest_is_fp32():
                    for k in rep.counts.kernels if k.macs)
     assert kinds == [("", 0, 2 * 64 ** 3), ("matmul", 2 * 64 ** 3, 0)]
     assert "TF32 tensor cores" in rep.policy.describe()
+
+
+def test_cond_takes_the_cheapest_branch_and_says_so():
+    def f(p, x):
+        return jax.lax.cond(p > 0, lambda x: (x @ x.T).sum(), lambda x: (x * 2.0).sum(), x)
+    rep = solbound.analyze(f, (S((), F32), S((3, 4), F32)), validate=True)
+    assert rep.counts.macs == 0 and rep.counts.flops["vector"] == 12 + 12
+    assert any("branch 0 of 2, the cheapest" in a for a in rep.to_dict()["assumptions"])
+    assert rep.validation["status"] == "skipped"
+    # a branch the program knows is simply taken, and validates
+    rep = solbound.analyze(lambda x: jax.lax.switch(1, [lambda x: (x * 2.0)[:, :3],
+                                                        lambda x: x @ x.T], x),
+                           (S((3, 4), F32),), validate=True)
+    assert rep.counts.macs == 36 and rep.validation["status"] == "passed"
+
+
+def test_fori_loop_is_a_sequential_loop_and_scatters_add_in_place():
+    def f(x, v, ids):
+        y = jax.lax.fori_loop(0, 5, lambda i, c: jnp.tanh(c @ x) + i, v[:2])
+        return y, x.at[ids].add(v), jax.ops.segment_sum(v, ids, num_segments=4)
+    ids = jnp.array([0, 3, 3, 1, 2], dtype=jnp.int32)
+    rep = solbound.analyze(f, (S((4, 4), F32), S((5, 4), F32), ids), validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.macs == 5 * 2 * 4 * 4                     # the body, times 5
+
+
+def test_flax_nnx_module_parameters_are_inputs():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(8, 16, rngs=rngs)
+            self.l2 = nnx.Linear(16, 4, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(nnx.relu(self.l1(x)))
+    model = nnx.eval_shape(lambda: MLP(nnx.Rngs(0)))           # nothing allocated
+    rep = solbound.analyze(model, (S((3, 8), F32),))
+    assert rep.lowered.unsupported == []
+    assert rep.counts.macs == 3 * 8 * 16 + 3 * 16 * 4
+    # every weight and bias read once, the input and the output
+    assert rep.counts.fused.bytes == 4 * (8 * 16 + 16 + 16 * 4 + 4 + 3 * 8 + 3 * 4)
+    real = MLP(nnx.Rngs(0))
+    assert solbound.analyze(real, (S((3, 8), F32),), validate=True).validation["status"] == "passed"
+
+
+def test_kv_cache_row_at_a_run_time_position_is_written_in_place():
+    def decode(cache, k, q, pos):
+        cache = jax.lax.dynamic_update_slice(cache, k, (0, pos, 0))
+        return cache, jnp.einsum("bd,bnd->bn", q, cache)
+    rep = solbound.analyze(decode, (S((2, 16, 8), F32), S((2, 1, 8), F32), S((2, 8), F32),
+                                    jnp.int32(5)), validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    cache = rep.lowered.inputs[0]["ir"]
+    assert rep.counts.fused.writes[cache] == 2 * 8 * 4          # one row per batch, in place
+    assert rep.counts.fused.reads[cache] == 2 * 15 * 8 * 4      # the row just written: on chip
+
+
+def test_factory_convention_for_jax(tmp_path, monkeypatch):
+    (tmp_path / "jfactory.py").write_text(
+        "import jax\nimport jax.numpy as jnp\n\n\ndef make():\n"
+        "    s = jax.ShapeDtypeStruct\n"
+        "    return (lambda x, w: jnp.tanh(x @ w)), (s((4, 8), jnp.float32), s((8, 2), jnp.float32))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rep = solbound.analyze_source("jfactory:make", validate=True)
+    assert rep.counts.macs == 64 and rep.validation["status"] == "passed"

@@ -153,3 +153,20 @@ def test_data_movement_ops_move_each_element_once():
         assert rep.counts.fused.bytes == 2 * n * B4            # read once, written once
     rep = _run(lambda s, x: x.tile(1, 1, 2, 3), x)
     assert rep.counts.fused.bytes == (n + 6 * n) * B4
+
+
+def test_scatter_family_counts():
+    x, src = torch.randn(5, 4), torch.randn(5, 3)
+    idx = torch.tensor([[0, 1, 1], [3, 2, 0], [1, 1, 1], [0, 3, 2], [2, 2, 0]])
+    # one addition per source element, written in place into x (15 elements)
+    rep = _run(lambda s, x, i, v: x.scatter_add(1, i, v) * 1, x, idx, src)
+    assert rep.counts.flops["vector"] == 15 + 20
+    assert rep.counts.fused.writes["xs_0"] == 15 * B4
+    # index_add: every row of x is added to, so all of x is read once (not "read back")
+    rep = _run(lambda s, x, i, v: x.index_add(0, i[:, 0] * 0 + torch.arange(5), v[:, :1].expand(5, 4)
+                                             .contiguous()) * 1, x, idx, src)
+    assert rep.counts.fused.reads["xs_0"] == 20 * B4
+    # scatter_reduce amax without the old values: the positions hit start from -inf
+    rep = _run(lambda s, x, i, v: x.scatter_reduce(1, i, v, "amax", include_self=False) * 1,
+               x, idx, src)
+    assert rep.counts.flops["vector"] == 15 + 20        # 15 maxima, 20 products

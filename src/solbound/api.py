@@ -79,8 +79,11 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
 
 
 def _jax_example(spec: str):
-    """``(function, args)`` from a file defining ``example()`` and no ``class Model``."""
+    """``(function, args)`` from a file defining ``example()`` and no ``class Model``, or
+    from a ``pkg.module:factory`` whose module uses JAX and not torch."""
     import re
+    if ":" in spec and not spec.endswith(".py"):
+        return _jax_factory(spec)
     if not (spec.endswith(".py") and os.path.exists(spec)):
         return None
     text = open(spec, encoding="utf-8", errors="replace").read()
@@ -103,6 +106,30 @@ def _jax_example(spec: str):
     return res
 
 
+def _jax_factory(spec: str):
+    import importlib
+    import sys
+    from .frontends.contract import FrontendError
+    modname, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(modname)
+    except Exception:  # noqa: BLE001 - the PyTorch loader reports it
+        return None
+    names = {getattr(v, "__name__", "").split(".")[0] for v in vars(mod).values()
+             if type(v).__name__ == "module"}
+    if "jax" not in names or "torch" in names or not callable(getattr(mod, attr, None)):
+        return None
+    try:
+        res = getattr(mod, attr)()
+    except Exception as e:  # noqa: BLE001
+        raise FrontendError(f"{spec}: factory failed: {type(e).__name__}: {e}") from None
+    if not (isinstance(res, tuple) and len(res) == 2 and callable(res[0])):
+        raise FrontendError(f"{spec}: factory must return (function, args)")
+    return res
+
+
 def _is_torch_module(obj) -> bool:
     """An ``nn.Module`` (decided without importing torch)."""
     return any(c.__name__ == "Module" and c.__module__.startswith("torch.nn")
@@ -120,7 +147,8 @@ def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
                             f"'solbound[jax]'): {e}") from None
     if not isinstance(args, (tuple, list)):
         args = (args,)
-    src = source or getattr(fn, "__name__", "function")
+    src = source or getattr(fn, "__name__", None) or type(fn).__name__
+    fn, args = _nnx_split(fn, tuple(args))
     # XLA's default for float32 dots and convolutions on NVIDIA GPUs since Ampere is TF32
     # (docs.jax.dev "Matmul precision": "float32 dot products may be computed with
     # reduced-precision arithmetic internally (bfloat16 on TPU, TF32 on recent GPUs)");
@@ -135,6 +163,19 @@ def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
         from .frontends.jax.reference import validate as validate_jax
         rep.validation = validate_jax(lowered, fn, tuple(args), seed=seed)
     return rep
+
+
+def _nnx_split(fn, args: tuple):
+    """A Flax nnx module (real or from ``nnx.eval_shape``): its state becomes the first
+    argument, so the parameters are program inputs like a linen ``apply``'s."""
+    if not any(c.__module__.startswith("flax.nnx") for c in type(fn).__mro__):
+        return fn, args
+    from flax import nnx
+    graphdef, state = nnx.split(fn)
+
+    def call(state, *xs):
+        return nnx.merge(graphdef, state)(*xs)
+    return call, (state,) + args
 
 
 def analyze_source(spec: str, arch=None, precision_policy: str | None = None,

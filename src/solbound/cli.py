@@ -45,8 +45,8 @@ def _routing_arg(p: argparse.ArgumentParser) -> None:
 def cmd_analyze(a) -> int:
     from .api import analyze_source
     if a.validate and not a.quiet and sys.stderr.isatty():
-        from .validate import golden
-        golden.PROGRESS = True          # a progress bar while the IR runs
+        from .validate import compare
+        compare.PROGRESS = True         # a progress bar while the IR runs
     rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
                          routing=a.routing, select_fraction=a.select_fraction, **_vopts(a))

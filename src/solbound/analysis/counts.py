@@ -312,6 +312,7 @@ def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
     for t in sorted(updated):
         boxes: list[tuple[int, tuple]] = []       # (writer position, box atoms over x_d)
         scattered = 0                             # elements written at run-time positions
+        before = 0          # elements read before (or by) the first scatter: from DRAM
         seen: set = set()
         saved = 0
         for pos, n in enumerate(g.nodes):
@@ -330,6 +331,9 @@ def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
                     saved += access_footprint(acc, shape, ext, k.guard + atoms).elements
                 if scattered:
                     saved += min(scattered, access_footprint(acc, shape, ext, k.guard).elements)
+            if not scattered:
+                before += sum(access_footprint(a, tensors[t].shape, ext, k.guard).elements
+                              for a in n.operands if a.tensor == t)
             if t in k.outputs and k.out == t and k.scatter:
                 scattered += access_footprint(Access(t, k.out_index), tensors[t].shape,
                                               ext, ()).elements
@@ -340,7 +344,9 @@ def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
                     for e in k.out_index):
                 boxes.append((pos, tuple(e.bounds(ext) for e in k.out_index)))
         if saved:
-            b = min(saved * tensors[t].itemsize, fused.reads.get(t, 0))
+            # what was read before a scatter wrote (the values it adds to) stays a DRAM read
+            floor = min(before, tensors[t].numel) * tensors[t].itemsize if scattered else 0
+            b = min(saved * tensors[t].itemsize, max(0, fused.reads.get(t, 0) - floor))
             fused.reads[t] = fused.reads.get(t, 0) - b
             fused.bytes -= b
 

@@ -97,3 +97,21 @@ def prune_dead(p: Program) -> Program:
     used = live | {t.name for t in p.tensors if t.role != "intermediate"}
     tensors = tuple(t for t in p.tensors if t.name in used)
     return Program(tensors, tuple(keep), p.notes)
+
+
+def refine(p: Program) -> tuple[Program, set[str], list[str]]:
+    """The known-value and demand passes a frontend runs on the program it built: masks
+    known before the run (data-free tensors, folded) become guards, producers compute only
+    what their readers read. Returns (program, tensors computed only where read, data-free
+    masks no fact describes: counted dense)."""
+    from .demand import restrict_to_demand
+    from .fold import fold_report
+    from .known import propagate_known
+    folded, dense = fold_report(p)
+    shapes = {t.name: t.shape for t in p.tensors}
+    kernels = propagate_known(list(p.kernels), shapes, {}, folded)
+    p = prune_dead(Program(p.tensors, tuple(kernels), p.notes))
+    whole = list(p.kernels)
+    kernels = restrict_to_demand(whole, {t.name for t in p.by_role("intermediate")})
+    partial = {k.out for k, w in zip(kernels, whole) if k.guard != w.guard}
+    return Program(p.tensors, tuple(kernels), p.notes), partial, dense

@@ -19,7 +19,7 @@ import numpy as np
 from ..ir.check import IRError
 from ..ir.execute import ExecutionError, execute
 from ..ir.text import IRSyntaxError, parse_program
-from .golden import _build_real, _strided, max_reduction, rel_error, run_original, tolerance
+from .compare import _strided, max_reduction, rel_error, tolerance
 
 
 def _say(msg: str) -> None:
@@ -30,6 +30,7 @@ def check_ir_text(text: str, problem, seed: int = 0) -> tuple[int, dict]:
     """Returns (exit code, result dict)."""
     from ..frontends.torch.capture import export_program
     from ..frontends.torch.lower import lower
+    from ..frontends.torch.reference import _build_real, run_original
 
     try:
         given = parse_program(text)

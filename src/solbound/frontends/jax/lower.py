@@ -15,6 +15,7 @@ become program inputs so the rest is still counted.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -23,7 +24,7 @@ import numpy as np
 
 from ...ir.affine import Aff
 from ...ir.model import Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl
-from ...ir.passes import contiguous_strides, flatten_bases, prune_dead
+from ...ir.passes import contiguous_strides, flatten_bases, prune_dead, refine
 from ...ir.text import RESERVED
 from ..contract import FrontendError, LoweredProgram, Unsupported
 
@@ -63,6 +64,34 @@ class JView:
 
     def contiguous(self) -> bool:
         return self.strides == contiguous_strides(self.shape)
+
+
+def _shaped(v: JView, base_shape: tuple[int, ...], index: list[Aff]):
+    """``v[index]`` in the base's own coordinates when every view dimension walks one base
+    dimension (transposes, broadcasts, strided slices), else ``None``."""
+    if not isinstance(v.offset, int):
+        return None
+    bstr = contiguous_strides(base_shape)
+    acc, off = [], v.offset
+    for j, st in enumerate(bstr):
+        c, off = divmod(off, st) if base_shape[j] else (0, off)
+        acc.append(Aff.lit(c))
+    hi = [a.const for a in acc]
+    for e, n, s in zip(index, v.shape, v.strides):
+        if n == 1 or s == 0:
+            continue
+        for j, st in enumerate(bstr):
+            if base_shape[j] > 1 and s % st == 0 and abs(s // st) * (n - 1) < base_shape[j]:
+                k = s // st
+                acc[j] = acc[j] + e * k
+                lo_j, hi_j = (hi[j] + k * (n - 1), hi[j]) if k < 0 else (hi[j], hi[j] + k * (n - 1))
+                if lo_j < 0 or hi_j >= base_shape[j] or min(lo_j, hi_j) < 0:
+                    return None
+                hi[j] = hi_j if k > 0 else hi[j]
+                break
+        else:
+            return None
+    return tuple(acc)
 
 
 def _src(eqn) -> str:
@@ -158,6 +187,7 @@ class JaxLowering:
         self.rules_used: set[str] = set()
         self.loop: tuple[str, int, int] | None = None      # the sequential loop being built
         self._loops = 0
+        self.branch_assumed = False
 
     # names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -189,6 +219,10 @@ class JaxLowering:
         base_shape = self.tensors[v.base].shape
         if v.is_full(base_shape) and v.base not in self.flat:
             return Access(v.base, tuple(index))
+        if v.base not in self.flat:
+            shaped = _shaped(v, base_shape, index)
+            if shaped is not None:              # a transpose, broadcast or slice of the base
+                return Access(v.base, shaped)
         flat = Aff.of(v.offset)
         for e, n, s in zip(index, v.shape, v.strides):
             if n != 1 and s != 0:
@@ -237,8 +271,15 @@ class JaxLowering:
                 outputs.append({"kind": "output", "ir": None, "value": v, "target": None})
         program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
         program = prune_dead(flatten_bases(program, self.flat))
-        return LoweredProgram(program, self.unsupported, outputs, inputs, self.state,
-                              self.groups, rules_used=self.rules_used)
+        program, partial, dense = refine(program)
+        for t in dense:
+            program = Program(program.tensors, program.kernels, program.notes + (
+                f"assumption: mask {t} is known before the run but is not an affine region: "
+                f"the work it masks is counted dense",))
+        low = LoweredProgram(program, self.unsupported, outputs, inputs, self.state,
+                             self.groups, rules_used=self.rules_used, partial=partial)
+        low.branch_assumed = self.branch_assumed
+        return low
 
     def _consts(self, constvars, consts) -> None:
         for var, val in zip(constvars, consts):
@@ -267,6 +308,9 @@ class JaxLowering:
         if name in CALLS:
             self._inline(eqn)
             return
+        if name == "cond":
+            self._cond(eqn)
+            return
         if name == "scan":
             try:
                 self._scan(eqn)
@@ -280,6 +324,15 @@ class JaxLowering:
                                                   ir_dtype(var.aval.dtype), "input")
                 return
         args = [self.read(a) for a in eqn.invars]
+        if args and not any(isinstance(a, JView) for a in args) \
+                and all(v.aval.shape == () for v in eqn.outvars) and not eqn.primitive.multiple_results:
+            # scalars from literals only (a switch index clamped): folded now, by JAX itself
+            try:
+                val = eqn.primitive.bind(*args, **eqn.params)
+                self.env[eqn.outvars[0]] = np.asarray(val).item()
+                return
+            except Exception:  # noqa: BLE001 - not foldable: lowered as usual
+                pass
         fn = RULES.get(name)
         reason = "no lowering rule"
         if fn is not None:
@@ -370,6 +423,45 @@ class JaxLowering:
         for out, y in zip(eqn.outvars[ncar:], ys):
             self.env[out] = y
 
+    def _cond(self, eqn) -> None:
+        """``lax.cond``/``switch``: a branch index known to the program lowers that branch;
+        one known only at run time lowers every branch on trial and keeps the cheapest
+        (fewest loop-nest points: a lower bound holds whichever branch runs), stated in the
+        notes; validation is then skipped (the run takes the branch its data says)."""
+        branches = eqn.params["branches"]
+        index, *ops = [self.read(a) for a in eqn.invars]
+
+        def lower_branch(i):
+            closed = branches[i]
+            self._consts(closed.jaxpr.constvars, closed.consts)
+            for var, a in zip(closed.jaxpr.invars, ops):
+                self.env[var] = a
+            for inner in closed.jaxpr.eqns:
+                self.lower_eqn(inner)
+            return [self.read(v) for v in closed.jaxpr.outvars]
+        if not isinstance(index, JView):
+            chosen = min(max(int(index), 0), len(branches) - 1)
+        else:
+            costs = []
+            for i in range(len(branches)):
+                saved = (len(self.kernels), dict(self.tensors), set(self.flat),
+                         list(self.state), len(self.unsupported), set(self._names))
+                lower_branch(i)
+                costs.append(sum(math.prod(n for _, n in k.dims) * (k.loop[1] if k.loop else 1)
+                                 for k in self.kernels[saved[0]:]))
+                del self.kernels[saved[0]:]
+                self.tensors, self.flat, self.state = saved[1], saved[2], saved[3]
+                del self.unsupported[saved[4]:]
+                self._names = saved[5]
+            chosen = min(range(len(branches)), key=lambda i: costs[i])
+            self.branch_assumed = True
+            self.notes.append(f"assumption: the branch of {'cond' if len(branches) == 2 else 'switch'}"
+                              f" at {_src(eqn) or self._group[2]} is known only at run time: the "
+                              f"bound takes branch {chosen} of {len(branches)}, the cheapest "
+                              f"(loop-nest points per branch: {costs})")
+        for out, v in zip(eqn.outvars, lower_branch(chosen)):
+            self.env[out] = v
+
     def _copy_into(self, src, dst: JView) -> None:
         dims = [(f"d{i}", n) for i, n in enumerate(dst.shape)]
         idx = [Aff.var(d) for d, _ in dims]
@@ -386,14 +478,16 @@ class JaxLowering:
         return out
 
 
-def _read_vars(jaxpr, acc=None) -> set:
-    """Every variable some equation reads, or a jaxpr returns, through nested jaxprs."""
+def _read_vars(jaxpr, acc=None):
+    """How many times each variable is read (by an equation, or returned), through nested
+    jaxprs (a ``Counter``; a variable read nowhere is absent)."""
+    from collections import Counter
     from jax.extend.core import Literal
-    acc = set() if acc is None else acc
+    acc = Counter() if acc is None else acc
     for eqn in jaxpr.eqns:
         for a in eqn.invars:
             if not isinstance(a, Literal):
-                acc.add(a)
+                acc[a] += 1
         for val in eqn.params.values():
             for sub in (val if isinstance(val, (list, tuple)) else [val]):
                 inner = getattr(sub, "jaxpr", sub)
@@ -401,6 +495,8 @@ def _read_vars(jaxpr, acc=None) -> set:
                     _read_vars(inner, acc)
     acc.update(v for v in jaxpr.outvars if not isinstance(v, Literal))
     return acc
+
+
 
 
 def trace(fn, args) -> tuple[Any, list[str]]:

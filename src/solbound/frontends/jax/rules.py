@@ -119,7 +119,7 @@ def identity(ctx: Ctx) -> None:
 
 def _view(ctx: Ctx, x: JView, shape, strides, offset) -> None:
     ctx.bind(JView(x.base, tuple(int(s) for s in shape), tuple(int(s) for s in strides),
-                   int(offset), x.dtype))
+                   offset if isinstance(offset, Aff) else int(offset), x.dtype))
 
 
 def _as_view(ctx: Ctx, a) -> JView:
@@ -490,12 +490,41 @@ def _static_starts(ctx: Ctx, starts) -> list[int]:
     return vals
 
 
+def _runtime_rows(ctx: Ctx, starts, sizes):
+    """Index entries for a dynamic slice whose run-time starts all have size 1 (a decode
+    step's cache row): the start read from its tensor (an indirect index), the static
+    starts as offsets. ``None`` when a run-time start opens a window wider than 1."""
+    entries = []
+    for s, k in zip(starts, sizes):
+        if isinstance(s, JView):
+            if k != 1 or s.ndim != 0:
+                return None
+            entries.append(ctx.load(s, []))
+        else:
+            entries.append(int(s))
+    return entries
+
+
 @rule("dynamic_slice")
 def dynamic_slice(ctx: Ctx) -> None:
     """A slice at start indices the program knows (a view); run-time starts are named."""
     x = _as_view(ctx, ctx.args[0])
-    starts = _static_starts(ctx, ctx.args[1:])
     sizes = ctx.params["slice_sizes"]
+    if any(isinstance(s, JView) for s in ctx.args[1:]):
+        rows = _runtime_rows(ctx, ctx.args[1:], sizes)
+        if rows is None:
+            raise JaxLoweringError("a dynamic slice wider than one at a run-time position")
+        from ...ir.model import Access
+        if not x.is_full(ctx.low.tensors[x.base].shape):
+            x = ctx.low._copy(x, "dslice_src")
+        out = ctx.output()
+        dims = _dims(out.shape)
+        ov = _vars(dims)
+        xi = [r if not isinstance(r, int) else v + r for r, v in zip(rows, ov)]
+        ctx.emit(out, dims, ov, Access(x.base, tuple(xi)))
+        ctx.bind(out)
+        return
+    starts = _static_starts(ctx, ctx.args[1:])
     starts = [min(max(s, 0), n - k) for s, n, k in zip(starts, x.shape, sizes)]   # JAX clamps
     off = x.offset + sum(s * st for s, st in zip(starts, x.strides))
     _view(ctx, x, sizes, x.strides, off)
@@ -506,6 +535,29 @@ def dynamic_update_slice(ctx: Ctx) -> None:
     """``cache.at[...].set(update)`` at a known position: a copy of the operand (in the
     operator) and the update written into its region (a KV-cache write)."""
     x, upd = _as_view(ctx, ctx.args[0]), ctx.args[1]
+    if any(isinstance(s, JView) for s in ctx.args[2:]):
+        # a row at a run-time position (a KV cache written at the decode position): a
+        # scatter into a copy of the operand
+        upd = _as_view(ctx, upd)
+        rows = _runtime_rows(ctx, ctx.args[2:], upd.shape)
+        if rows is None:
+            raise JaxLoweringError("an update wider than one at a run-time position")
+        from ...ir.model import Kernel
+        var = ctx.eqn.invars[0]
+        base = ctx.low.tensors[x.base]
+        if ctx.low.read_vars.get(var, 0) == 1 and x.is_full(base.shape) \
+                and base.role in ("input", "intermediate") and ctx.low.loop is None:
+            out = x          # the old value is read nowhere else: updated in place
+        else:
+            out = ctx.output()
+            ctx.low._copy_into(x, out)
+        dims = _dims(upd.shape)
+        uv = _vars(dims)
+        oi = [r if not isinstance(r, int) else v + r for r, v in zip(rows, uv)]
+        ctx.low.add_kernel(Kernel(name=ctx.low.kernel_name(), dims=tuple(dims), out=out.base,
+                                  out_index=tuple(oi), body=ctx.load(upd, uv)))
+        ctx.bind(out)
+        return
     starts = _static_starts(ctx, ctx.args[2:])
     out = ctx.output()
     ctx.low._copy_into(x, out)
@@ -560,3 +612,52 @@ def sort(ctx: Ctx) -> None:
             xi[dim] = ctx.load(order, idx)
             ctx.emit(outs[i], dims, idx, Access(src.base, tuple(xi)))
     ctx.bind(*outs)
+
+
+def _scatter(combine):
+    def fn(ctx: Ctx) -> None:
+        """``x.at[idx].set/add/max/min(v)`` as jnp emits it: indexed operand dimensions are
+        inserted (one element each, at a position read from the index tensor), the others
+        are the update's window; a scatter kernel writes (or combines) every update element
+        into a copy of the operand (indices assumed in bounds)."""
+        x, ind, upd = (_as_view(ctx, a) if isinstance(a, JView) else a for a in ctx.args[:3])
+        dn = ctx.params["dimension_numbers"]
+        if dn.operand_batching_dims or \
+                not set(dn.scatter_dims_to_operand_dims) <= set(dn.inserted_window_dims):
+            raise JaxLoweringError("scatter of windows at data-dependent starts or batched operands")
+        out = ctx.output()
+        ctx.low._copy_into(x, out)
+        if not isinstance(upd, JView):
+            upd_shape = tuple(ctx.eqn.invars[2].aval.shape)
+        else:
+            upd_shape = upd.shape
+        dims = _dims(upd_shape)
+        uv = _vars(dims)
+        batch = [uv[i] for i in range(len(upd_shape)) if i not in dn.update_window_dims]
+        window = iter(uv[i] for i in dn.update_window_dims)
+        from ...ir.model import Access
+        oi = []
+        for d in range(out.ndim):
+            if d in dn.scatter_dims_to_operand_dims:
+                m = dn.scatter_dims_to_operand_dims.index(d)
+                oi.append(ctx.load(ind, batch + [Aff.lit(m)]) if ind.ndim == len(batch) + 1
+                          else ctx.load(ind, batch))
+            elif d in dn.inserted_window_dims:
+                oi.append(Aff.lit(0))
+            else:
+                oi.append(next(window))
+        body = ctx.load(upd, uv) if isinstance(upd, JView) else Const(upd)
+        k_dims = tuple((d, n) for d, n in dims)
+        from ...ir.model import Kernel
+        k = Kernel(name=ctx.low.kernel_name(), dims=k_dims, out=out.base, out_index=tuple(oi),
+                   body=body, reduce=combine)
+        ctx.low.add_kernel(k)
+        ctx.bind(out)
+    return fn
+
+
+rule("scatter")(_scatter(None))
+rule("scatter-add", "scatter_add")(_scatter("sum"))
+rule("scatter-mul", "scatter_mul")(_scatter("prod"))
+rule("scatter-max", "scatter_max")(_scatter("max"))
+rule("scatter-min", "scatter_min")(_scatter("min"))

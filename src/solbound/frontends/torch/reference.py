@@ -1,0 +1,490 @@
+"""The PyTorch reference for validation: run the original module (or the exported graph,
+replaying its random draws) on seeded inputs, re-judge a miss in float64, name the first
+divergent node, reduce over-budget programs and redraw zero-initialized parameters. The
+comparison itself is neutral (``validate/compare.py``)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from ...ir.execute import ExecutionError, execute
+from ...ir.model import Call, walk
+from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EPS, F64_SHRINK,
+                                 _InputScale, _is_constant, _max_abs_diff, _progress,
+                                 _strided, _structure, compare, estimate_cost,
+                                 max_reduction, rel_error, tolerance)
+
+def _to_np(t) -> np.ndarray:
+    import torch
+    if isinstance(t, torch.Tensor):
+        t = t.detach()
+        if t.dtype in (torch.bfloat16, torch.float16):
+            t = t.float()
+        return t.cpu().numpy()
+    return np.asarray(t)
+
+
+def _resolve(model, target: str):
+    obj = model
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _feeds(lowered, inputs: tuple, state_of) -> dict[str, np.ndarray]:
+    """The IR's external tensors by name: user inputs, then state (``state_of(target)``)."""
+    feeds = {spec["ir"]: _to_np(val) for spec, val in zip(lowered.inputs, inputs)
+             if spec.get("ir")}
+    for s in lowered.state:
+        feeds[s["ir"]] = _to_np(state_of(s["target"]))
+    return feeds
+
+
+def _graph_args(ep, model, inputs: tuple) -> list:
+    """Arguments of the exported graph: user inputs and the model's state, in its order."""
+    user_iter = iter(inputs)
+    return [next(user_iter) if spec.kind.name == "USER_INPUT"
+            else _state_value(model, spec.target, ep) for spec in ep.graph_signature.input_specs]
+
+
+def run_original(model, inputs: tuple, lowered, ep=None) -> dict[str, Any]:
+    """Golden values: IR-named inputs/state before the call, and the outputs after."""
+    import torch
+    before = {s["target"]: _state_value(model, s["target"], ep).detach().clone()
+              for s in lowered.state}
+    feeds = _feeds(lowered, inputs, before.__getitem__)
+    with torch.no_grad():
+        out = model(*inputs)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    golden = []
+    it = iter(outs)
+    for o in lowered.outputs:
+        if o["kind"] == "output":
+            golden.append(_to_np(next(it)))
+        elif o["kind"] == "buffer_mutation":
+            golden.append(_to_np(_resolve(model, o["target"])))
+        else:
+            golden.append(None)
+    return {"feeds": feeds, "golden": golden, "state_before": before}
+
+
+def run_graph_replaying_draws(model, inputs: tuple, lowered, ep) -> dict[str, Any]:
+    """Golden values of a program that draws random numbers: the exported graph run by
+    ``torch.fx.Interpreter`` on the real inputs and state, recording what each random
+    node drew (``draws``: IR tensor -> values) so that the IR uses the same numbers.
+    A second call of the module would draw different ones, so the graph is both the
+    reference and the source of the draws."""
+    import torch
+    from torch.fx import Interpreter
+
+    args = _graph_args(ep, model, inputs)
+    feeds = _feeds(lowered, inputs, lambda target: _state_value(model, target, ep))
+    wanted = {node for node, _ in lowered.random_draws.values()}
+    recorded: dict[str, Any] = {}
+
+    class Recorder(Interpreter):
+        def run_node(self, n):
+            val = super().run_node(n)
+            if n.name in wanted:
+                recorded[n.name] = val
+            return val
+
+    with torch.no_grad():
+        outs = Recorder(ep.graph_module).run(*args)
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    golden = [_to_np(v) if o["kind"] in ("output", "buffer_mutation") else None
+              for o, v in zip(lowered.outputs, outs)]
+    draws = {}
+    for ir, (node, index) in lowered.random_draws.items():
+        val = recorded[node] if index is None else recorded[node][index]
+        draws[ir] = _to_np(val)
+    return {"feeds": feeds, "golden": golden, "draws": draws, "recorded": recorded}
+
+
+def recheck_in_f64(lowered, ep, model, inputs, golden32: list, outs: list[dict],
+                   arrays32: dict) -> None:
+    """Re-judge the fp32 outputs that missed the tolerance: is the disagreement rounding?
+
+    An output can be ill-conditioned: the running mean of a batch norm whose input has
+    zero mean per channel by construction is a cancellation, and PyTorch's own fp32
+    value is then rounding noise, which no relative tolerance accepts. Both the
+    framework and the IR are run again in float64 from the same values (rounding 5e8
+    times smaller). A disagreement that is rounding shrinks with it, whatever the
+    output's conditioning; one that is a wrong rule does not. The output passes when
+    ``max|ir-ref|`` in float64 is at most ``F64_SHRINK`` times its fp32 value. Each
+    re-judged output records ``f64_check``."""
+    import torch
+    failing = [i for i, o in enumerate(outs) if not o["ok"] and o["worst_rel_error"] is not None]
+    if not failing:
+        return
+    try:
+        model = copy.deepcopy(model).double()
+        inputs64 = tuple(x.double() if isinstance(x, torch.Tensor) and x.is_floating_point()
+                         else x for x in inputs)
+        gold64 = run_original(model, inputs64, lowered, ep)
+        arrays64 = execute(lowered.program, gold64["feeds"], wide=True)
+    except Exception as e:  # noqa: BLE001 - a program that does not run in float64
+        for i in failing:
+            outs[i]["f64_check"] = {"ran": False, "reason": f"{type(e).__name__}: {e}"[:200]}
+        return
+    # ``outs`` has one entry per output with a golden value (see ``compare``)
+    entries = [j for j, g in enumerate(golden32) if g is not None]
+    for i in failing:
+        j = entries[i]
+        o, g32, g64 = lowered.outputs[j], golden32[j], gold64["golden"][j]
+        if o.get("ir") is None or g64 is None:
+            continue
+        view = (o["shape"], o["strides"], o["offset"])
+        d32 = _max_abs_diff(_strided(arrays32[o["ir"]], *view), g32)
+        d64 = _max_abs_diff(_strided(arrays64[o["ir"]], *view), g64)
+        outs[i]["f64_check"] = {"ran": True, "f32_max_abs_diff": d32, "f64_max_abs_diff": d64,
+                                "framework_f32_vs_f64": _max_abs_diff(g32, g64)}
+        if math.isfinite(d32) and d64 <= F64_SHRINK * d32:
+            outs[i]["ok"] = True
+
+
+def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
+                     replay: dict | None = None, scale: _InputScale | None = None) -> dict | None:
+    """Run the decomposed graph on the same real inputs and find the first node
+    whose IR value differs (by node order), naming its kernel and source.
+
+    Random nodes return the values in ``replay`` (node name -> value) that the golden
+    run drew; tensors computed only where read (``lowered.partial``) are not compared."""
+    import torch
+    from torch.fx import Interpreter
+
+    scale = scale or _InputScale(lowered.program, arrays)
+    args = _graph_args(ep, model, inputs)
+    produced: dict[str, str] = {}
+    for k in lowered.program.kernels:
+        produced.setdefault(k.out, k.name)
+
+    class Probe(Interpreter):
+        def __init__(self, gm):
+            super().__init__(gm)
+            self.found = None
+
+        def run_node(self, n):
+            val = replay[n.name] if replay and n.name in replay else super().run_node(n)
+            if self.found is None and n.name in lowered.values and isinstance(val, torch.Tensor):
+                info = lowered.values[n.name]
+                if info["ir"] in arrays and info["ir"] in produced \
+                        and info["ir"] not in lowered.partial:
+                    mine = _strided(arrays[info["ir"]], info["shape"], info["strides"],
+                                    info["offset"])
+                    err = rel_error(mine, _to_np(val), scale(info["ir"]))
+                    if not err <= tol:
+                        self.found = {"node": n.name, "kernel": produced[info["ir"]],
+                                      "operator": str(n.target), "source": info.get("src", ""),
+                                      "rel_error": err if math.isfinite(err) else None}
+            return val
+
+    # the exported graph runs on meta-built parameters; feed real ones
+    gm = ep.graph_module
+    probe = Probe(gm)
+    with torch.no_grad():
+        try:
+            probe.run(*args)
+        except Exception:  # noqa: BLE001 - diagnosis is best effort
+            return None
+    return probe.found
+
+
+def _state_value(model, target: str, ep=None):
+    """A parameter/buffer of the model, or a constant torch.export lifted out of forward
+    (e.g. ``torch.tensor(...)``), which lives in the exported program."""
+    try:
+        return _resolve(model, target)
+    except AttributeError:
+        if ep is None or target not in ep.constants:
+            raise
+        return ep.constants[target]
+
+
+def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
+    """Compare the IR against ``model(*inputs)`` (real tensors)."""
+    t0 = time.perf_counter()
+    p = lowered.program
+    if lowered.unsupported:
+        names = sorted({u.operator for u in lowered.unsupported})
+        return {"status": "skipped", "seconds": 0.0,
+                "reason": f"unsupported operators ({', '.join(names)}): the IR does not compute "
+                          f"the whole program, so there is nothing whole to compare"}
+    random_kernels = [k.name for k in p.kernels if k.out not in lowered.random_draws
+                      and any(isinstance(e, Call) and e.op == "rand" for e in walk(k.body))]
+    if random_kernels:
+        return {"status": "skipped", "reason": f"kernel {random_kernels[0]} draws random numbers "
+                                               f"that cannot be replayed: not comparable",
+                "seconds": 0.0}
+    routing = getattr(ep, "solbound_routing", None)
+    if routing:
+        from .routing import ForcedRouting
+        with ForcedRouting(routing):     # the model runs under the routing it was traced with
+            return _validate_lowered(lowered, ep, model, inputs, seed, t0)
+    return _validate_lowered(lowered, ep, model, inputs, seed, t0)
+
+
+def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
+    p = lowered.program
+    model_copy = copy.deepcopy(model)     # the state before the call (the call updates buffers)
+    hook = None
+    if lowered.random_draws:
+        if ep is None:
+            return {"status": "skipped", "reason": "random draws need the exported program "
+                                                   "to be replayed", "seconds": 0.0}
+        gold = run_graph_replaying_draws(model, inputs, lowered, ep)
+        draws = gold["draws"]
+
+        def hook(k, arrays):
+            if k.out in draws:
+                arrays[k.out][...] = draws[k.out].reshape(arrays[k.out].shape)
+    else:
+        gold = run_original(model, inputs, lowered, ep)
+    dtypes = [t.dtype for t in p.tensors if t.role == "output"]
+    src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
+    tol = tolerance(src_dtype, max_reduction(p), len(lowered.groups))
+    try:
+        with _progress(len(p.kernels)) as tick:
+            def on_kernel(k, arrays, hook=hook):
+                if hook is not None:
+                    hook(k, arrays)
+                tick()
+            arrays = execute(p, gold["feeds"], on_kernel=on_kernel)
+    except ExecutionError as e:
+        return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
+                "seconds": time.perf_counter() - t0}
+    scale = _InputScale(p, arrays)
+    outs = compare(lowered, arrays, gold["golden"], tol, scale)
+    if not all(o["ok"] for o in outs) and src_dtype == "f32" and not lowered.random_draws:
+        recheck_in_f64(lowered, ep, model_copy, inputs, gold["golden"], outs, arrays)
+    ok = all(o["ok"] for o in outs)
+    res = {"status": "passed" if ok else "failed", "tolerance": tol,
+           "tolerance_rule": f"max|ir-ref|/max|ref| <= 8 eps({src_dtype})"
+                             + (" sqrt(longest reduction)" if src_dtype in ("f32", "f64") else "")
+                             + " operators^(1/4)",
+           "outputs": outs,
+           "reference": "the module's forward" if not lowered.random_draws else
+                        "the exported graph, its random draws replayed into the IR",
+           "shapes": {i["name"]: list(np.shape(gold["feeds"].get(i["ir"])))
+                      for i in lowered.inputs if i.get("ir")}}
+    if not ok and ep is not None:
+        fd = first_divergence(ep, lowered, model_copy, inputs, arrays, tol,
+                              gold.get("recorded"), scale)
+        res["first_divergence"] = fd
+    # the program's own outputs (a buffer update such as a running variance may well be
+    # constant while the output proves the rest)
+    constant = [o["output"] for o, g in zip(outs, [g for g in gold["golden"] if g is not None])
+                if o["kind"] == "output" and np.size(g) > 1 and _is_constant(g)]
+    if ok and constant:
+        res["status"] = "inconclusive"
+        res["reason"] = (f"output {', '.join(map(str, constant))} is constant in the reference run "
+                         f"(e.g. a zero-initialized head): agreeing with it proves little")
+    res["seconds"] = time.perf_counter() - t0
+    worst = max((math.inf if o["worst_rel_error"] is None else o["worst_rel_error"]
+                 for o in outs), default=0.0)
+    res["summary"] = f"worst relative error {worst:.3g} (tolerance {tol:.3g})"
+    rechecked = [o for o in outs if o.get("f64_check", {}).get("ran")]
+    if rechecked:
+        passed = sum(o["ok"] for o in rechecked)
+        res["summary"] += (f"; {passed} of {len(rechecked)} outputs over it are rounding "
+                           f"(their difference shrinks in float64)")
+    return res
+
+
+def _build_real(problem, seed: int):
+    import torch
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    return problem.build("cpu")
+
+
+class _zero_params_redrawn:
+    """Parameters that are all zeros get N(0, 0.02) values inside the block; restored
+    on exit. Yields their names."""
+
+    def __init__(self, model, seed: int):
+        self.model, self.seed, self.saved = model, seed, []
+
+    def __enter__(self) -> list[str]:
+        import torch
+        g = torch.Generator().manual_seed(self.seed + 1)
+        names = []
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if p.is_floating_point() and p.numel() > 0 and p.device.type == "cpu" \
+                        and not torch.any(p):
+                    self.saved.append(p)
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype) * 0.02)
+                    names.append(name)
+        return names
+
+    def __exit__(self, *exc):
+        import torch
+        with torch.no_grad():
+            for p in self.saved:
+                p.zero_()
+        return False
+
+
+# show a progress bar while the IR runs (the command line turns it on for a terminal)
+def _on_meta(model, inputs) -> bool:
+    import torch
+    return any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())) \
+        or any(isinstance(x, torch.Tensor) and x.device.type == "meta" for x in inputs)
+
+
+def _input_plans(inputs):
+    """Smaller inputs cut from real ones, largest first: ``(description, inputs)``. The
+    batch (dimension 0) alone, then every dimension of 32 or more as well (a sequence, an
+    image side), each size halved ``shift`` times; dimensions of one size shrink together
+    (ids and their attention mask)."""
+    import torch
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor) and x.dim() > 0]
+    if not tensors:
+        return
+    seen = set()
+    for large in (False, True):
+        for shift in range(1, 8):
+            def new_size(n, d, large=large, shift=shift):
+                if (d == 0 and n >= 2) or (large and n >= 32):
+                    return max(1, n >> shift)
+                return n
+            out, changes = [], {}
+            for x in inputs:
+                if not isinstance(x, torch.Tensor) or x.dim() == 0:
+                    out.append(x)
+                    continue
+                y = x
+                for d, n in enumerate(x.shape):
+                    m = new_size(n, d)
+                    if m != n:
+                        y = y.narrow(d, 0, m)
+                        changes[(d, n)] = m
+                out.append(y.contiguous())
+            key = tuple(tuple(y.shape) for y in out if isinstance(y, torch.Tensor))
+            if not changes or key in seen:
+                continue
+            seen.add(key)
+            desc = "inputs " + ", ".join(f"dim {d}: {n}->{m}" for (d, n), m in sorted(changes.items()))
+            yield desc, tuple(out)
+
+
+def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
+                    max_bytes: int = DEFAULT_MAX_BYTES, max_seconds: float = DEFAULT_MAX_SECONDS) -> dict:
+    """Fill ``rep.validation``; reduce shapes when the program is over budget."""
+    from .capture import export_program, input_structure, state_structure
+    from .lower import lower
+
+    keep = getattr(rep, "keep_experts_dispatch", False)
+    routing = getattr(rep, "routing", None)
+    if getattr(rep, "sizes_assumed", False):
+        rep.validation = {"status": "skipped",
+                          "reason": "selection sizes were assumed (--select-fraction): the run "
+                                    "selects what its data says, so the two do not compare"}
+        return rep.validation
+    flops = sum(rep.counts.flops.values())
+    mem, secs = estimate_cost(rep.program, flops)
+    lowered = rep.lowered
+    reduced = None
+    meta_module = problem is None and model is not None and _on_meta(model, inputs)
+    if (mem > max_bytes or secs > max_seconds) and not meta_module:
+        from ...analysis.counts import count_program
+        from ...graph.einsum import build_graph
+
+        def fits(m, inp) -> bool:
+            """The instance traces, keeps the kernel structure and is within budget."""
+            try:
+                ep_r = export_program(m, tuple(inp), rep.source, keep_experts=keep,
+                                      routing=routing)
+            except Exception:  # noqa: BLE001 - a size the program does not accept
+                return False
+            low_r = lower(ep_r, (), input_structure(inp), state_structure(m))
+            if _structure(low_r.program) != _structure(lowered.program):
+                return False
+            f_r = sum(count_program(build_graph(low_r.program)).flops.values())
+            mem_r, secs_r = estimate_cost(low_r.program, f_r)
+            return mem_r <= max_bytes and secs_r <= max_seconds
+
+        found = None
+        # sizes in the file's constants, then sizes in the inputs themselves (literals in
+        # get_inputs, __init__ defaults, a factory's or the caller's tensors)
+        for factor, new_problem in (problem.shrink() if hasattr(problem, "shrink") else ()):
+            try:
+                m, inp, _ = new_problem.build_for_capture()
+            except Exception:  # noqa: BLE001
+                continue
+            if fits(m, inp):
+                found = ("problem", new_problem, factor)
+                break
+        if found is None:
+            if problem is not None:
+                base = _build_real(problem, seed)
+            elif model is not None and not _on_meta(model, inputs):
+                base = (model, tuple(inputs))
+            else:
+                base = None
+            for desc, inp in (_input_plans(base[1]) if base is not None else ()):
+                if fits(base[0], inp):
+                    found = ("inputs", base, desc)
+                    break
+        if found is None:
+            rep.validation = {"status": "skipped",
+                              "reason": f"over budget (~{mem / 2**30:.1f} GiB, ~{secs:.0f} s) and no "
+                                        f"reduced instance (smaller size constants or inputs) keeps "
+                                        f"the kernel structure"}
+            return rep.validation
+        if found[0] == "problem":
+            problem, reduced = found[1], found[2]
+        else:
+            problem, (model, inputs), reduced = None, found[1], found[2]
+    if problem is not None:
+        model, inputs = _build_real(problem, seed)
+    elif model is None:
+        raise ValueError("validation needs the module and real inputs")
+    else:
+        import torch
+        on_meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers())
+                   if t.device.type == "meta"]
+        on_meta += [f"input {i}" for i, x in enumerate(inputs)
+                    if isinstance(x, torch.Tensor) and x.device.type == "meta"]
+        if on_meta:
+            rep.validation = {"status": "skipped",
+                              "reason": f"the module or its inputs live on the meta device "
+                                        f"({on_meta[0]}, ...): no real values to run; analyze a "
+                                        f"file or factory (built on the CPU to validate), or pass "
+                                        f"real tensors"}
+            return rep.validation
+    # traced as the analysis traced it (grad mode on): under no_grad some operators
+    # decompose differently (a 3-d linear as bmm instead of addmm), which would change the
+    # kernel structure being checked
+    ep = export_program(model, tuple(inputs), rep.source, keep_experts=keep, routing=routing)
+    low = lower(ep, (), input_structure(inputs), state_structure(model))
+    if reduced is None and _structure(low.program) != _structure(lowered.program):
+        rep.validation = {"status": "failed",
+                          "reason": "re-tracing with real tensors changed the kernel structure"}
+        return rep.validation
+    res = validate_lowered(low, ep, model, tuple(inputs), seed=seed)
+    if res["status"] == "inconclusive":
+        # a constant output from zero-initialized parameters (a classifier head, a DiT's
+        # adaLN modulation): draw them at random for the check, then put them back
+        with _zero_params_redrawn(model, seed) as redrawn:
+            if redrawn:
+                again = validate_lowered(low, ep, model, tuple(inputs), seed=seed)
+                if again["status"] != "inconclusive":
+                    res = again
+                    res["redrawn"] = redrawn
+                    res["summary"] = (res.get("summary", "") + f"; {len(redrawn)} zero-initialized "
+                                      f"parameter(s) redrawn at random for the check "
+                                      f"({', '.join(redrawn[:3])}{', ...' if len(redrawn) > 3 else ''})")
+    res["reduced"] = reduced is not None
+    if reduced is not None:
+        res["reduced_by"] = reduced
+        res["summary"] = res.get("summary", "") + f" at reduced shapes ({reduced})"
+    rep.validation = res
+    return res
+
