@@ -77,7 +77,7 @@ def make(d, layers, heads, kv_heads, ffn, vocab, tokens, scan, dtype=jnp.bfloat1
     t, hd = tokens, d // heads
     proj = t * d * d * 2 + 2 * t * d * kv_heads * hd + 3 * t * d * ffn
     norms = 2 * t * d
-    pairs = t * t if scan else t * (t + 1) // 2
+    pairs = t * (t + 1) // 2
     closed = layers * (proj + norms + 2 * heads * hd * pairs) + t * d + t * d * vocab
     return model, (params, ids), closed
 

@@ -295,3 +295,13 @@ def test_factory_convention_for_jax(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     rep = solbound.analyze_source("jfactory:make", validate=True)
     assert rep.counts.macs == 64 and rep.validation["status"] == "passed"
+
+
+def test_over_budget_jax_program_validates_at_reduced_shapes():
+    def mlp(w1, w2, x):
+        return jax.nn.relu(x @ w1) @ w2
+    rep = solbound.analyze(mlp, (S((256, 512), F32), S((512, 64), F32), S((128, 256), F32)),
+                           validate=True, max_bytes=400_000)
+    v = rep.validation
+    assert v["status"] == "passed" and v["reduced"], v
+    assert "halved" in v["reduced_by"]

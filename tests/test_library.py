@@ -170,3 +170,17 @@ def test_scatter_family_counts():
     rep = _run(lambda s, x, i, v: x.scatter_reduce(1, i, v, "amax", include_self=False) * 1,
                x, idx, src)
     assert rep.counts.flops["vector"] == 15 + 20        # 15 maxima, 20 products
+
+
+def test_scatter_views_and_im2col_move_each_element_once():
+    x, d = torch.randn(4, 5), torch.randn(4)
+    # the diagonal written into a copy of x: x read once, y written once, the diagonal read
+    rep = _run(lambda s, x, d: torch.diagonal_scatter(x * 1, d) + 0, x, d)
+    assert rep.counts.fused.bytes == (20 + 4 + 20) * B4
+    rep = _run(lambda s, x, d: torch.select_scatter(x * 1, d[:1].expand(5).contiguous(), 0, 2),
+               x, d)
+    assert rep.counts.fused.bytes == (20 + 1 + 20) * B4
+    # im2col of a 2x5x6 map, 3x3 windows with padding 1: 18 rows of 30 positions written
+    rep = _run(lambda s, x: F.unfold(x, 3, padding=1), torch.randn(1, 2, 5, 6))
+    assert rep.counts.fused.bytes == (60 + 18 * 30) * B4
+    assert rep.counts.flops["matrix"] == 0

@@ -171,3 +171,13 @@ def test_literal_sizes_in_get_inputs_and_init_are_reduced_together():
     v = rep.validation
     assert v["status"] == "passed" and v["reduced"], v
     assert "get_init_inputs 2048->" in v["reduced_by"]
+
+
+def test_init_defaults_are_reduced_with_the_inputs():
+    import os
+    import solbound
+    path = os.path.join(os.path.dirname(__file__), "programs", "init_defaults.py")
+    rep = solbound.analyze_source(path, validate=True, max_seconds=5, max_bytes=2**26)
+    v = rep.validation
+    assert v["status"] == "passed" and v["reduced"], v
+    assert "dim=1024->" in v["reduced_by"] and "hidden=2048->" in v["reduced_by"]

@@ -137,7 +137,8 @@ def _is_torch_module(obj) -> bool:
 
 
 def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
-                 validate: bool = False, seed: int = 0, **_ignored) -> Report:
+                 validate: bool = False, seed: int = 0, max_bytes=None, max_seconds=None,
+                 **_ignored) -> Report:
     """A JAX function (``fn(*args)``, args arrays or ``jax.ShapeDtypeStruct`` pytrees)."""
     try:
         from .frontends.jax.lower import lower
@@ -160,8 +161,9 @@ def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"export_s": time.perf_counter() - t0})
     if validate:
-        from .frontends.jax.reference import validate as validate_jax
-        rep.validation = validate_jax(lowered, fn, tuple(args), seed=seed)
+        from .frontends.jax.reference import validate_within_budget
+        rep.validation = validate_within_budget(lowered, fn, tuple(args), seed=seed,
+                                                max_bytes=max_bytes, max_seconds=max_seconds)
     return rep
 
 

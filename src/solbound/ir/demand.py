@@ -135,7 +135,9 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
     One pass in reverse program order: every consumer of a tensor comes after its
     producer, so it is final (already restricted itself) when the producer is visited.
     """
+    from .model import loop_private
     ks = list(kernels)
+    private = loop_private(ks)
     writers: dict[str, int] = {}
     readers: dict[str, list[int]] = {}
     for pos, k in enumerate(ks):
@@ -149,7 +151,7 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
         # several writers (the parts of a concatenation) are each confined to the
         # readers' region: what a writer skips is never read after it
         if (t not in intermediates or p.scan is not None or p.scatter or p.lib
-                or p.out2 is not None or p.loop is not None):
+                or p.out2 is not None or (p.loop is not None and t not in private)):
             continue
         found = _identity_writer(p)
         if found is None:

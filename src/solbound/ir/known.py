@@ -427,6 +427,8 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
     seeded = set(seeds or ())
     facts: dict = dict(seeds or {})
     facts.update(folded or {})
+    from .model import loop_private
+    private = loop_private(kernels)
     out = []
     tainted = set(state)
     expire: list[str] = []
@@ -434,7 +436,8 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
         for t in expire:                   # written by the previous kernel: no longer known
             facts.pop(t, None)
         expire = [o for o in k.outputs if o in seeded]
-        if k.loop is not None or k.scan is not None or k.out2 is not None or k.scatter \
+        if (k.loop is not None and k.out not in private) or k.scan is not None \
+                or k.out2 is not None or k.scatter \
                 or k.lib:
             out.append(k)
             continue

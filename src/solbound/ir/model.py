@@ -330,6 +330,35 @@ class Kernel:
         return replace(self, **kw)
 
 
+def loop_private(kernels) -> set[str]:
+    """Tensors a sequential loop's body writes afresh in every iteration: one writer, in
+    the loop, indexed without the loop variable, and not read in the loop before it is
+    written (nothing carries over from the previous iteration). Facts and demanded regions
+    of such a tensor hold in every iteration, as for a kernel outside any loop."""
+    writers: dict[str, int] = {}
+    for k in kernels:
+        for o in k.outputs:
+            writers[o] = writers.get(o, 0) + 1
+    private: set[str] = set()
+    for seg in loop_segments(kernels):
+        if seg[0].loop is None:
+            continue
+        var = seg[0].loop[0]
+        written: set[str] = set()
+        for k in seg:
+            early = {a.tensor for a in kernel_reads(k)} - written
+            for o in k.outputs:
+                if writers.get(o) == 1 and var not in k.out_vars and o not in early:
+                    private.add(o)
+            written.update(k.outputs)
+        # read before its writer in the body: carried from the previous iteration
+        for i, k in enumerate(seg):
+            for a in kernel_reads(k):
+                if any(a.tensor in w.outputs for w in seg[i:]):
+                    private.discard(a.tensor)
+    return private
+
+
 def loop_segments(kernels) -> list[list[Kernel]]:
     """Kernels in program order, grouped: one sequential loop's body (consecutive kernels
     sharing its loop id) is one segment, every other kernel a segment of its own."""

@@ -26,6 +26,65 @@ def real_args(args, seed: int = 0):
     return jax.tree_util.tree_map(draw, args, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
 
 
+def shrunk_args(args):
+    """Smaller instances of ``args``, largest first: ``(description, args)``. Every
+    dimension of a size of 32 or more, in every leaf, halves together (a width shared by
+    the input and the weights stays shared), then also the leading dimension of each leaf."""
+    import jax
+    leaves = [x for x in jax.tree_util.tree_leaves(args) if hasattr(x, "shape")]
+    sizes = sorted({n for x in leaves for n in x.shape if n >= 32})
+    if not sizes:
+        return
+    for shift in range(1, 8):
+        def small(x, shift=shift):
+            if not hasattr(x, "shape") or not x.shape:
+                return x
+            shape = tuple(max(1, n >> shift) if n >= 32 else n for n in x.shape)
+            if shape == tuple(x.shape):
+                return x
+            if isinstance(x, jax.ShapeDtypeStruct):
+                return jax.ShapeDtypeStruct(shape, x.dtype)
+            return x[tuple(slice(0, n) for n in shape)]
+        yield f"dimensions of 32 or more halved {shift} time(s)", jax.tree_util.tree_map(
+            small, args, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+
+
+def validate_within_budget(lowered, fn, args, seed: int = 0, max_bytes=None,
+                           max_seconds=None) -> dict:
+    """``validate``, at reduced shapes when the program is over the budget (the reduced
+    program must have the same kernel structure)."""
+    from ...analysis.counts import count_program
+    from ...graph.einsum import build_graph
+    from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, _structure,
+                                     estimate_cost)
+    from .lower import lower
+    max_bytes = max_bytes or DEFAULT_MAX_BYTES
+    max_seconds = max_seconds or DEFAULT_MAX_SECONDS
+
+    def cost(low):
+        return estimate_cost(low.program, sum(count_program(build_graph(low.program))
+                                               .flops.values()))
+    mem, secs = cost(lowered)
+    if mem <= max_bytes and secs <= max_seconds:
+        return validate(lowered, fn, args, seed)
+    for desc, small in shrunk_args(args):
+        try:
+            low = lower(fn, small)
+        except Exception:  # noqa: BLE001 - a size the function does not accept
+            continue
+        if _structure(low.program) != _structure(lowered.program):
+            continue
+        m, s = cost(low)
+        if m <= max_bytes and s <= max_seconds:
+            res = validate(low, fn, small, seed)
+            res.update(reduced=True, reduced_by=desc)
+            res["summary"] = res.get("summary", "") + f" at reduced shapes ({desc})"
+            return res
+    return {"status": "skipped", "seconds": 0.0,
+            "reason": f"over budget (~{mem / 2**30:.1f} GiB, ~{secs:.0f} s) and no reduced "
+                      f"instance keeps the kernel structure"}
+
+
 def validate(lowered, fn, args, seed: int = 0) -> dict:
     """Compare the IR with ``fn(*args)`` run by JAX (a result dict as validation's)."""
     import jax

@@ -86,6 +86,8 @@ class Problem:
         tensors ``get_inputs()`` returns (their batch dimension and dimensions of 32 or
         more), halved together so that a width given to ``__init__`` and the inputs' last
         dimension stay equal."""
+        import functools
+        import inspect
         import torch
         mod = self.module
         try:
@@ -93,6 +95,17 @@ class Problem:
         except Exception:  # noqa: BLE001
             return
         orig_inputs = mod.get_inputs
+        # __init__ defaults the file does not pass (class Model: def __init__(self, dim=4096))
+        defaults = {}
+        try:
+            params = list(inspect.signature(mod.Model.__init__).parameters.values())[1:]
+        except (TypeError, ValueError):
+            params = []
+        for p in params[len(init):]:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and type(p.default) is int \
+                    and p.default >= 32:
+                defaults[p.name] = p.default
+        model_cls = mod.Model
         for shift in range(1, 8):
             def small(n, shift=shift):
                 return max(1, n >> shift) if n >= 32 else n
@@ -117,10 +130,14 @@ class Problem:
                     out.append(x)
                 return out
             changed = [f"{a}->{b}" for a, b in zip(init, new_init) if a != b]
+            changed += [f"{k}={v}->{small(v)}" for k, v in defaults.items()]
             desc = (f"get_init_inputs {', '.join(changed)}; " if changed else "") + \
                 f"input sizes of 32 or more halved {shift} time(s)"
-            yield desc, _file_problem(self.source, overrides={
-                "get_init_inputs": (lambda v=new_init: list(v)), "get_inputs": get_inputs})
+            overrides = {"get_init_inputs": (lambda v=new_init: list(v)), "get_inputs": get_inputs}
+            if defaults:
+                overrides["Model"] = functools.partial(
+                    model_cls, **{k: small(v) for k, v in defaults.items()})
+            yield desc, _file_problem(self.source, overrides=overrides)
 
 
 def _where(exc: BaseException, path: str | None = None) -> str:
