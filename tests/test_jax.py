@@ -197,7 +197,8 @@ def test_flax_cnn_validates():
             x = linen.avg_pool(x, (2, 2), strides=(2, 2))
             return linen.Dense(10)(x.reshape((x.shape[0], -1)))
     c, x = CNN(), S((1, 8, 8, 3), F32)
-    v = jax.eval_shape(c.init, jax.random.key(0), x)
+    # real variables: drawn ones would give the batch norm a negative variance (NaN out)
+    v = c.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)))
     rep = solbound.analyze(lambda v, x: c.apply(v, x), (v, x), validate=True)
     assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
     # SAME 3x3 conv on 8x8: taps on the padding are not work; the dense layer over 4*4*8
@@ -305,3 +306,10 @@ def test_over_budget_jax_program_validates_at_reduced_shapes():
     v = rep.validation
     assert v["status"] == "passed" and v["reduced"], v
     assert "halved" in v["reduced_by"]
+
+
+def test_a_reference_that_is_not_finite_proves_nothing():
+    # a variance drawn from a normal distribution is negative somewhere: NaN on both sides
+    rep = solbound.analyze(lambda var, x: x / jnp.sqrt(var), (S((8,), F32), S((8,), F32)),
+                           validate=True)
+    assert rep.validation["status"] == "inconclusive" and "not finite" in rep.validation["reason"]

@@ -72,11 +72,12 @@ def _shaped(v: JView, base_shape: tuple[int, ...], index: list[Aff]):
     if not isinstance(v.offset, int):
         return None
     bstr = contiguous_strides(base_shape)
-    acc, off = [], v.offset
+    start, off = [], v.offset
     for j, st in enumerate(bstr):
         c, off = divmod(off, st) if base_shape[j] else (0, off)
-        acc.append(Aff.lit(c))
-    hi = [a.const for a in acc]
+        start.append(c)
+    acc = [Aff.lit(c) for c in start]
+    lo, hi = list(start), list(start)            # the range each base coordinate covers
     for e, n, s in zip(index, v.shape, v.strides):
         if n == 1 or s == 0:
             continue
@@ -84,13 +85,13 @@ def _shaped(v: JView, base_shape: tuple[int, ...], index: list[Aff]):
             if base_shape[j] > 1 and s % st == 0 and abs(s // st) * (n - 1) < base_shape[j]:
                 k = s // st
                 acc[j] = acc[j] + e * k
-                lo_j, hi_j = (hi[j] + k * (n - 1), hi[j]) if k < 0 else (hi[j], hi[j] + k * (n - 1))
-                if lo_j < 0 or hi_j >= base_shape[j] or min(lo_j, hi_j) < 0:
-                    return None
-                hi[j] = hi_j if k > 0 else hi[j]
+                lo[j] += min(0, k * (n - 1))
+                hi[j] += max(0, k * (n - 1))
                 break
         else:
             return None
+    if any(a < 0 or b >= n for a, b, n in zip(lo, hi, base_shape)):
+        return None
     return tuple(acc)
 
 
