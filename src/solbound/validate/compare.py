@@ -196,10 +196,13 @@ class _progress:
 
 
 def _is_constant(g) -> bool:
+    """One value everywhere, or no finite value at all: agreeing with it proves little."""
     a = np.asarray(g)
     if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number):
         return False
     flat = a.reshape(-1)
+    if np.issubdtype(a.dtype, np.floating) and flat.size and not np.isfinite(flat).any():
+        return True
     return bool(np.all(flat == flat[0]))
 
 

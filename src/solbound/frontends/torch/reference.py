@@ -282,7 +282,8 @@ def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
                 if o["kind"] == "output" and np.size(g) > 1 and _is_constant(g)]
     if ok and constant:
         res["status"] = "inconclusive"
-        res["reason"] = (f"output {', '.join(map(str, constant))} is constant in the reference run "
+        res["reason"] = (f"output {', '.join(map(str, constant))} is constant (or nowhere finite) "
+                         f"in the reference run "
                          f"(e.g. a zero-initialized head): agreeing with it proves little")
     res["seconds"] = time.perf_counter() - t0
     worst = max((math.inf if o["worst_rel_error"] is None else o["worst_rel_error"]
