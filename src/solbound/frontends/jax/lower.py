@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...ir.affine import Aff
-from ...ir.model import Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl
+from ...ir.model import Access, Const, Expr, Kernel, Program, TensorDecl
 from ...ir.passes import contiguous_strides, flatten_bases, prune_dead, refine
 from ...ir.text import RESERVED
 from ..contract import FrontendError, LoweredProgram, Unsupported

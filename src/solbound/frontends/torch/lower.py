@@ -18,14 +18,14 @@ from __future__ import annotations
 import operator
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from ...ir.affine import Aff, Atom, Guard
-from ...ir.model import (EXTERNAL_ROLES, Access, Call, Expr, Kernel, Program, TensorDecl, accesses,
-                         kernel_reads, loop_segments, subst_expr)
+from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl, accesses, kernel_reads,
+                         subst_expr)
 from ...ir.demand import restrict_to_demand
 from ...ir.passes import FlatIndirectError, contiguous_strides, flatten_bases, prune_dead
 from ..contract import LoweredProgram, Unsupported  # noqa: F401  (re-exported)
