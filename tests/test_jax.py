@@ -313,3 +313,16 @@ def test_a_reference_that_is_not_finite_proves_nothing():
     rep = solbound.analyze(lambda var, x: x / jnp.sqrt(var), (S((8,), F32), S((8,), F32)),
                            validate=True)
     assert rep.validation["status"] == "inconclusive" and "not finite" in rep.validation["reason"]
+
+
+def test_a_wrong_rule_is_named_with_its_equation_and_line(monkeypatch):
+    from solbound.frontends.jax import rules
+    from solbound.frontends.jax.lower import RULES
+    monkeypatch.setitem(RULES, "tanh", rules._unary("sin"))      # a deliberately wrong rule
+
+    def f(x, w):
+        return jnp.tanh(x @ w) * 2
+    rep = solbound.analyze(f, (S((3, 4), F32), S((4, 5), F32)), validate=True)
+    fd = rep.validation["first_divergence"]
+    assert rep.validation["status"] == "failed"
+    assert fd["primitive"] == "tanh" and fd["source"].startswith("test_jax.py:")

@@ -189,6 +189,7 @@ class JaxLowering:
         self.loop: tuple[str, int, int] | None = None      # the sequential loop being built
         self._loops = 0
         self.branch_assumed = False
+        self.values: dict = {}
 
     # names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -256,6 +257,12 @@ class JaxLowering:
             self.groups.setdefault(f"e{i}", {"name": f"jax.{label}", "src": _src(eqn),
                                              "module": ""})
             self.lower_eqn(eqn)
+            for j, var in enumerate(eqn.outvars):     # where each top-level value lives
+                v = self.env.get(var)
+                if isinstance(v, JView) and isinstance(v.offset, int):
+                    self.values[(i, j)] = {"ir": v.base, "shape": list(v.shape),
+                                           "strides": list(v.strides), "offset": v.offset,
+                                           "primitive": name, "source": _src(eqn)}
         outputs = []
         for var in jaxpr.outvars:
             v = self.read(var)
@@ -280,6 +287,7 @@ class JaxLowering:
         low = LoweredProgram(program, self.unsupported, outputs, inputs, self.state,
                              self.groups, rules_used=self.rules_used, partial=partial)
         low.branch_assumed = self.branch_assumed
+        low.values = {k: v for k, v in self.values.items() if v["ir"] in program.tensor_map}
         return low
 
     def _consts(self, constvars, consts) -> None:

@@ -85,6 +85,36 @@ def validate_within_budget(lowered, fn, args, seed: int = 0, max_bytes=None,
                       f"instance keeps the kernel structure"}
 
 
+def first_divergence(lowered, fn, values, arrays, tol: float):
+    """The first top-level equation whose value the IR does not reproduce: the jaxpr is
+    evaluated equation by equation on the same inputs and each value compared with the IR
+    tensor that holds it (values computed only where read are skipped)."""
+    import jax
+    from jax.extend.core import Literal
+    from ...validate.compare import _strided, rel_error
+    closed = jax.make_jaxpr(fn)(*values)
+    env = {}
+    for var, val in zip(closed.jaxpr.invars, jax.tree_util.tree_leaves(values)):
+        env[var] = val
+    for var, val in zip(closed.jaxpr.constvars, closed.consts):
+        env[var] = val
+    for i, eqn in enumerate(closed.jaxpr.eqns):
+        ins = [a.val if isinstance(a, Literal) else env[a] for a in eqn.invars]
+        outs = eqn.primitive.bind(*ins, **eqn.params)
+        outs = outs if eqn.primitive.multiple_results else [outs]
+        for j, (var, val) in enumerate(zip(eqn.outvars, outs)):
+            env[var] = val
+            info = lowered.values.get((i, j))
+            if info is None or info["ir"] in lowered.partial or info["ir"] not in arrays:
+                continue
+            ir = _strided(arrays[info["ir"]], info["shape"], info["strides"], info["offset"])
+            err = rel_error(ir, np.asarray(val))
+            if not err <= tol:
+                return {"equation": i, "primitive": info["primitive"],
+                        "source": info["source"], "rel_error": err}
+    return None
+
+
 def validate(lowered, fn, args, seed: int = 0) -> dict:
     """Compare the IR with ``fn(*args)`` run by JAX (a result dict as validation's)."""
     import jax
@@ -123,6 +153,8 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
     ok = all(o["ok"] for o in outs)
     worst = max((o["worst_rel_error"] or 0.0 for o in outs), default=0.0)
     res = {"status": "passed" if ok else "failed", "tolerance": tol, "outputs": outs,
+           **({} if ok else {"first_divergence": first_divergence(lowered, fn, values,
+                                                                  arrays, tol)}),
            "reference": "the function run by JAX on the CPU",
            "summary": f"worst relative error {worst:.3g} (tolerance {tol:.3g})",
            "seconds": time.perf_counter() - t0}
