@@ -184,3 +184,15 @@ def test_scatter_views_and_im2col_move_each_element_once():
     rep = _run(lambda s, x: F.unfold(x, 3, padding=1), torch.randn(1, 2, 5, 6))
     assert rep.counts.fused.bytes == (60 + 18 * 30) * B4
     assert rep.counts.flops["matrix"] == 0
+
+
+def test_bucketize_is_a_search_and_grid_sample_reads_its_input_once():
+    x = torch.randn(7, 5)
+    bounds = torch.tensor([-1.0, -0.2, 0.3, 1.5])
+    rep = _run(lambda s, x: torch.bucketize(x, bounds).float(), x)
+    assert _lib_flops(rep) == 35 * math.ceil(math.log2(5))
+    img, grid = torch.randn(1, 2, 4, 5), torch.rand(1, 3, 3, 2) * 2 - 1
+    rep = _run(lambda s, x, g: F.grid_sample(x, g, align_corners=False), img, grid)
+    # the 4 corners of 9 points per channel reach all 20 pixels: each read once
+    assert rep.counts.fused.reads[rep.lowered.inputs[0]["ir"]] == 2 * 20 * B4
+    assert rep.counts.fused.bytes == (2 * 20 + 18 + 2 * 9) * B4

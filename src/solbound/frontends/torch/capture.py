@@ -505,12 +505,11 @@ KEEP = RECURRENT + ("aten.tril.default", "aten.triu.default", "aten.roll.default
 
 # core ATen operators that torch keeps whole but decomposes well into gathers and
 # arithmetic (PyTorch's own decompositions: the index computation, the gathers, the
-# interpolation weights): nearest and bilinear upsampling, grid sampling, diagonal
-# scatter, bucketize (a binary search, unrolled)
+# interpolation weights): nearest and bilinear upsampling, grid sampling
 EXTRA_DECOMPOSITIONS = ("upsample_nearest2d.vec", "upsample_nearest2d.default",
                         "upsample_bilinear2d.vec", "upsample_bilinear2d.default",
                         "upsample_nearest1d.default", "upsample_nearest3d.default",
-                        "grid_sampler_2d.default", "bucketize.Tensor")
+                        "grid_sampler_2d.default")
 
 
 def _decomp_table():

@@ -228,6 +228,17 @@ def histc(ctx: OpCtx) -> None:
     ctx.bind(out)
 
 
+@rule("aten.bucketize.Tensor")
+def bucketize(ctx: OpCtx) -> None:
+    """``torch.bucketize(x, boundaries, right)``: a search of each value in the sorted
+    boundaries (the searchsorted routine: ceil(log2(n + 1)) comparisons per value)."""
+    x, bounds = ctx.args[0], ctx.args[1]
+    right = bool(ctx.kwargs.get("right", ctx.args[3] if len(ctx.args) > 3 else False))
+    out = ctx.output()
+    emit_library(ctx, out, "searchsorted", [bounds, x], {"right": right})
+    ctx.bind(out)
+
+
 @rule("aten.searchsorted.Tensor")
 def searchsorted(ctx: OpCtx) -> None:
     seq, q = ctx.args[0], ctx.args[1]
