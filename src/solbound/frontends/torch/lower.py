@@ -46,6 +46,16 @@ if hasattr(torch, "float8_e4m3fn"):
 IR_TO_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
 
 
+# the framework operators whose products are attention (the precision policy's class)
+ATTENTION_OPS = frozenset({"aten.scaled_dot_product_attention",
+                           "aten._scaled_dot_product_flash_attention",
+                           "aten._scaled_dot_product_efficient_attention",
+                           "aten._scaled_dot_product_cudnn_attention",
+                           "aten._scaled_dot_product_flash_attention_for_cpu",
+                           "aten._scaled_dot_product_attention_math",
+                           "aten.multi_head_attention_forward", "aten._native_multi_head_attention"})
+
+
 class LoweringError(Exception):
     """A node that a rule cannot lower (reported as unsupported, with its source)."""
 
@@ -422,8 +432,9 @@ class Lowering:
 
     def add_kernel(self, k: Kernel, node: torch.fx.Node) -> None:
         op, opname, src = self._cur_group
-        if k.unit == "matmul" and "attention" in opname:
-            k = k.with_(unit="attention")
+        if k.unit == "matmul" and opname.split(".")[:2] and ".".join(opname.split(".")[:2]) \
+                in ATTENTION_OPS:
+            k = k.with_(unit="attention")     # a product inside an attention operator
         self.kernels.append(k.with_(op=op, opname=opname, src=src))
 
     # arguments ------------------------------------------------------------------
