@@ -89,15 +89,10 @@ def _jax_example(spec: str):
     text = open(spec, encoding="utf-8", errors="replace").read()
     if not re.search(r"^def example\(", text, re.M) or re.search(r"^class Model\b", text, re.M):
         return None
-    import importlib.util
-    import sys
     from .frontends.contract import FrontendError
-    name = "solbound_jax_" + re.sub(r"\W", "_", os.path.abspath(spec))
-    mspec = importlib.util.spec_from_file_location(name, spec)
-    mod = importlib.util.module_from_spec(mspec)
-    sys.modules[name] = mod
+    from .frontends.loading import import_file
+    mod = import_file(spec)
     try:
-        mspec.loader.exec_module(mod)
         res = mod.example()
     except Exception as e:  # noqa: BLE001 - one line for the user
         raise FrontendError(f"{spec}: example() failed: {type(e).__name__}: {e}") from None

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 
 from .affine import Aff, Atom, Guard
 from .model import (DTYPE_BYTES, INFIX, PREFIX, REDUCE_OPS, ROLES, SCALAR_OPS, SCAN_OPS,
@@ -47,6 +48,20 @@ MAX_TEXT = 50_000_000
 RESERVED = frozenset(set(SCALAR_OPS) | set(REDUCE_OPS) | set(SCAN_OPS) | set(DTYPE_BYTES)
                      | set(ROLES) | {"kernel", "origin", "note", "inf", "nan", "where",
                                      "over", "True", "False", "None", "range"})
+
+
+def fresh_name(hint: str, taken: set[str]) -> str:
+    """A new identifier from ``hint`` that is not in ``taken`` (and is added to it): valid
+    in the text form, never a loop-variable spelling (``d0``, ``r1``, ``d0h``)."""
+    base = re.sub(r"\W", "_", hint).strip("_") or "t"
+    if base[0].isdigit() or re.fullmatch(r"[dr]\d+[hl]*", base):
+        base = "t_" + base
+    name, i = base, 1
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    taken.add(name)
+    return name
 
 
 class IRSyntaxError(ValueError):

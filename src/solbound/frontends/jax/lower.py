@@ -25,7 +25,7 @@ import numpy as np
 from ...ir.affine import Aff
 from ...ir.model import Access, Const, Expr, Kernel, Program, TensorDecl
 from ...ir.passes import contiguous_strides, flatten_bases, prune_dead, refine
-from ...ir.text import RESERVED
+from ...ir.text import RESERVED, fresh_name
 from ..contract import FrontendError, LoweredProgram, Unsupported
 
 DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
@@ -193,15 +193,7 @@ class JaxLowering:
 
     # names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
-        base = re.sub(r"\W", "_", hint).strip("_") or "t"
-        if base[0].isdigit() or re.fullmatch(r"[dr]\d+", base):
-            base = "t_" + base
-        name, i = base, 1
-        while name in self._names:
-            i += 1
-            name = f"{base}_{i}"
-        self._names.add(name)
-        return name
+        return fresh_name(hint, self._names)
 
     def kernel_name(self) -> str:
         self._n += 1
@@ -366,19 +358,24 @@ class JaxLowering:
         inner = p.get("jaxpr") or p.get("call_jaxpr") or p.get("fun_jaxpr")
         if inner is None:
             raise FrontendError(f"jax.{eqn.primitive.name} without a jaxpr")
-        closed = inner if hasattr(inner, "jaxpr") else None
-        jaxpr = closed.jaxpr if closed is not None else inner
+        jaxpr = inner.jaxpr if hasattr(inner, "jaxpr") else inner
         args = [self.read(a) for a in eqn.invars]
-        if closed is not None:
-            self._consts(jaxpr.constvars, closed.consts)
         # custom_jvp/vjp calls may pass extra (jvp) operands first: bind the trailing ones
-        args = args[len(args) - len(jaxpr.invars):]
+        outs = self._lower_sub(inner, args[len(args) - len(jaxpr.invars):])
+        for out, v in zip(eqn.outvars, outs):
+            self.env[out] = v
+
+    def _lower_sub(self, inner, args: list) -> list:
+        """Lower a nested jaxpr (closed or open) with its inputs bound to ``args``; its
+        outputs' values."""
+        jaxpr = inner.jaxpr if hasattr(inner, "jaxpr") else inner
+        if hasattr(inner, "jaxpr"):
+            self._consts(jaxpr.constvars, inner.consts)
         for var, a in zip(jaxpr.invars, args):
             self.env[var] = a
-        for inner_eqn in jaxpr.eqns:
-            self.lower_eqn(inner_eqn)
-        for out, var in zip(eqn.outvars, jaxpr.outvars):
-            self.env[out] = self.read(var)
+        for e in jaxpr.eqns:
+            self.lower_eqn(e)
+        return [self.read(v) for v in jaxpr.outvars]
 
     def _scan(self, eqn) -> None:
         """``lax.scan``: a sequential loop in the IR, its body lowered once. Each carry
@@ -441,13 +438,7 @@ class JaxLowering:
         index, *ops = [self.read(a) for a in eqn.invars]
 
         def lower_branch(i):
-            closed = branches[i]
-            self._consts(closed.jaxpr.constvars, closed.consts)
-            for var, a in zip(closed.jaxpr.invars, ops):
-                self.env[var] = a
-            for inner in closed.jaxpr.eqns:
-                self.lower_eqn(inner)
-            return [self.read(v) for v in closed.jaxpr.outvars]
+            return self._lower_sub(branches[i], ops)
         if not isinstance(index, JView):
             chosen = min(max(int(index), 0), len(branches) - 1)
         else:
@@ -481,9 +472,7 @@ class JaxLowering:
 
     def _copy(self, v: JView, hint: str, role: str = "intermediate") -> JView:
         out = self.new_base(hint, v.shape, v.dtype, role)
-        dims = [(f"d{i}", n) for i, n in enumerate(v.shape)]
-        idx = [Aff.var(d) for d, _ in dims]
-        Ctx(self, None, []).emit(out, dims, idx, self.access(v, idx))
+        self._copy_into(v, out)
         return out
 
 

@@ -7,8 +7,9 @@ contraction; reductions, arg-reductions and cumulative ops map to the IR's kinds
 
 from __future__ import annotations
 
-from ...ir.affine import Aff
-from ...ir.model import Call, Const, Idx
+from ...ir.affine import Aff, Atom
+from ...ir.model import Access, Call, Const, Idx, Kernel
+from ...ir.passes import contiguous_strides
 from .lower import Ctx, JaxLoweringError, JView, ir_dtype, rule
 
 
@@ -164,7 +165,6 @@ def reshape(ctx: Ctx) -> None:
     if not x.contiguous():
         x = ctx.low._copy(x, "reshape_src")
     shape = tuple(ctx.params["new_sizes"])
-    from ...ir.passes import contiguous_strides
     _view(ctx, x, shape, contiguous_strides(shape), x.offset)
 
 
@@ -360,7 +360,6 @@ def conv_general_dilated(ctx: Ctx) -> None:
     """A grouped, strided, dilated convolution in any layout: ``out[n, g*Co/G + o, y...] =
     sum over c, k... of lhs[n, g*Ci/G + c, y*s + k*d - lo...] * rhs[g*Co/G + o, c, k...]``,
     the taps that land on padding guarded away (not work)."""
-    from ...ir.affine import Atom
     lhs, rhs = _as_view(ctx, ctx.args[0]), _as_view(ctx, ctx.args[1])
     p = ctx.params
     dn = p["dimension_numbers"]
@@ -404,7 +403,6 @@ def conv_general_dilated(ctx: Ctx) -> None:
 
 def _reduce_window(op: str, identity):
     def fn(ctx: Ctx) -> None:
-        from ...ir.affine import Atom
         x = _as_view(ctx, ctx.args[0])
         p = ctx.params
         if any(d != 1 for d in p["base_dilation"]):
@@ -447,6 +445,24 @@ def split(ctx: Ctx) -> None:
 
 # --- gathers, dynamic slices ----------------------------------------------------------
 
+def _indexed_coords(ctx: Ctx, ndim: int, ind: JView, batch: list, window, index_map,
+                    inserted) -> list:
+    """Operand coordinates of a gather or a scatter: a dimension in ``index_map`` is read
+    from the index tensor at the batch position (its component ``m``: an indirect index),
+    an inserted (collapsed) one is 0, the others walk the window."""
+    coords = []
+    for d in range(ndim):
+        if d in index_map:
+            m = index_map.index(d)
+            coords.append(ctx.load(ind, batch + [Aff.lit(m)]) if ind.ndim == len(batch) + 1
+                          else ctx.load(ind, batch))
+        elif d in inserted:
+            coords.append(Aff.lit(0))
+        else:
+            coords.append(next(window))
+    return coords
+
+
 @rule("gather")
 def gather(ctx: Ctx) -> None:
     """``gather`` as jnp indexing and ``take`` emit it: the indexed operand dimensions are
@@ -454,7 +470,6 @@ def gather(ctx: Ctx) -> None:
     are read whole or from 0 (offset dimensions). Indices are assumed in bounds."""
     x, ind = _as_view(ctx, ctx.args[0]), _as_view(ctx, ctx.args[1])
     dn = ctx.params["dimension_numbers"]
-    sizes = ctx.params["slice_sizes"]
     if dn.operand_batching_dims or not set(dn.start_index_map) <= set(dn.collapsed_slice_dims):
         raise JaxLoweringError("gather of windows at data-dependent starts or batched operands")
     out = ctx.output()
@@ -462,22 +477,11 @@ def gather(ctx: Ctx) -> None:
     ov = _vars(dims)
     batch_pos = [i for i in range(out.ndim) if i not in dn.offset_dims]
     bvars = [ov[i] for i in batch_pos]
-    offs = iter(ov[i] for i in dn.offset_dims)
-    xi = []
-    for d in range(x.ndim):
-        if d in dn.start_index_map:
-            m = dn.start_index_map.index(d)
-            xi.append(ctx.load(ind, bvars + [Aff.lit(m)]) if ind.ndim == len(bvars) + 1
-                      else ctx.load(ind, bvars))
-        elif d in dn.collapsed_slice_dims:
-            xi.append(Aff.lit(0))
-        else:
-            xi.append(next(offs))
-    from ...ir.model import Access
+    xi = _indexed_coords(ctx, x.ndim, ind, bvars, iter(ov[i] for i in dn.offset_dims),
+                         dn.start_index_map, dn.collapsed_slice_dims)
     if not x.is_full(ctx.low.tensors[x.base].shape):
         x = ctx.low._copy(x, "gather_src")
     ctx.emit(out, dims, ov, Access(x.base, tuple(xi)))
-    del sizes
     ctx.bind(out)
 
 
@@ -514,7 +518,6 @@ def dynamic_slice(ctx: Ctx) -> None:
         rows = _runtime_rows(ctx, ctx.args[1:], sizes)
         if rows is None:
             raise JaxLoweringError("a dynamic slice wider than one at a run-time position")
-        from ...ir.model import Access
         if not x.is_full(ctx.low.tensors[x.base].shape):
             x = ctx.low._copy(x, "dslice_src")
         out = ctx.output()
@@ -542,7 +545,6 @@ def dynamic_update_slice(ctx: Ctx) -> None:
         rows = _runtime_rows(ctx, ctx.args[2:], upd.shape)
         if rows is None:
             raise JaxLoweringError("an update wider than one at a run-time position")
-        from ...ir.model import Kernel
         var = ctx.eqn.invars[0]
         base = ctx.low.tensors[x.base]
         if ctx.low.read_vars.get(var, 0) == 1 and x.is_full(base.shape) \
@@ -574,7 +576,6 @@ def sort(ctx: Ctx) -> None:
     """``lax.sort`` along ``dimension`` with one key: a library sort (n ceil(log2 n)
     comparisons per row, charged once); further operands (``argsort``'s iota) are permuted
     along with the key, a gather through the sort's indices."""
-    from ...ir.model import Access
     if ctx.params.get("num_keys", 1) != 1:
         raise JaxLoweringError("sort with several keys")
     ops = [_as_view(ctx, a) for a in ctx.args]
@@ -635,20 +636,10 @@ def _scatter(combine):
         uv = _vars(dims)
         batch = [uv[i] for i in range(len(upd_shape)) if i not in dn.update_window_dims]
         window = iter(uv[i] for i in dn.update_window_dims)
-        from ...ir.model import Access
-        oi = []
-        for d in range(out.ndim):
-            if d in dn.scatter_dims_to_operand_dims:
-                m = dn.scatter_dims_to_operand_dims.index(d)
-                oi.append(ctx.load(ind, batch + [Aff.lit(m)]) if ind.ndim == len(batch) + 1
-                          else ctx.load(ind, batch))
-            elif d in dn.inserted_window_dims:
-                oi.append(Aff.lit(0))
-            else:
-                oi.append(next(window))
+        oi = _indexed_coords(ctx, out.ndim, ind, batch, window,
+                             dn.scatter_dims_to_operand_dims, dn.inserted_window_dims)
         body = ctx.load(upd, uv) if isinstance(upd, JView) else Const(upd)
         k_dims = tuple((d, n) for d, n in dims)
-        from ...ir.model import Kernel
         k = Kernel(name=ctx.low.kernel_name(), dims=k_dims, out=out.base, out_index=tuple(oi),
                    body=body, reduce=combine)
         ctx.low.add_kernel(k)

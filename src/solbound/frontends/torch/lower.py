@@ -31,7 +31,7 @@ from ...ir.passes import FlatIndirectError, contiguous_strides, flatten_bases, p
 from ..contract import LoweredProgram, Unsupported  # noqa: F401  (re-exported)
 from ...ir.fold import fold_report
 from ...ir.known import UNKNOWN, Cond, Known, propagate_known, seed_from_structure
-from ...ir.text import RESERVED
+from ...ir.text import RESERVED, fresh_name
 
 TORCH_DTYPES = {
     torch.float64: "f64", torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16",
@@ -390,14 +390,7 @@ class Lowering:
 
     # names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
-        base = re.sub(r"\W", "_", hint).strip("_") or "t"
-        if base[0].isdigit() or re.fullmatch(r"[dr]\d+[hl]*", base):
-            base = "t_" + base
-        name, i = base, 1
-        while name in self._names:
-            i += 1
-            name = f"{base}_{i}"
-        self._names.add(name)
+        name = fresh_name(hint, self._names)
         self._name_log.append(name)
         return name
 

@@ -164,6 +164,10 @@ class _Forcing(TorchFunctionMode):
             out = self._decide(func, name, args, kwargs)
             if out is not None:
                 return out
+        return self._call(func, name, args, kwargs)
+
+    def _call(self, func, name: str, args, kwargs):
+        """Any call that is not a routing decision (RoutingMode follows values here)."""
         return func(*args, **kwargs)
 
 
@@ -233,13 +237,7 @@ class RoutingMode(_Forcing):
         with _plain():
             return func(*sa, **sk)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        if name in ("topk", "argmax", "max"):
-            out = self._decide(func, name, args, kwargs)
-            if out is not None:
-                return out
+    def _call(self, func, name: str, args, kwargs):
         if name in _PY_VALUE:
             s = self.shadow(args[0]) if args else None
             if s is not None and _is_fake(args[0]):

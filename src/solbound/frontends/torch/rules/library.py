@@ -133,33 +133,29 @@ def cumext(ctx: OpCtx) -> None:
 
 # --- FFT -----------------------------------------------------------------------------
 
+def _fft(ctx: OpCtx, kind: str, **params) -> None:
+    """One transform over ``dims`` (``_fft_r2c``/``_fft_c2r``/``_fft_c2c``: input, dims,
+    normalization, then the variant's own argument)."""
+    x, dims, norm = ctx.args[:3]
+    out = ctx.output()
+    emit_library(ctx, out, "fft", [x], {"kind": kind, "dims": tuple(d % x.ndim for d in dims),
+                                        "norm": int(norm), **params})
+    ctx.bind(out)
+
+
 @rule("aten._fft_r2c")
 def fft_r2c(ctx: OpCtx) -> None:
-    x, dims, norm, onesided = ctx.args[:4]
-    out = ctx.output()
-    emit_library(ctx, out, "fft", [x], {"kind": "r2c", "dims": tuple(d % x.ndim for d in dims),
-                                        "norm": int(norm), "onesided": bool(onesided),
-                                        "forward": True})
-    ctx.bind(out)
+    _fft(ctx, "r2c", onesided=bool(ctx.args[3]), forward=True)
 
 
 @rule("aten._fft_c2r")
 def fft_c2r(ctx: OpCtx) -> None:
-    x, dims, norm, last = ctx.args[:4]
-    out = ctx.output()
-    emit_library(ctx, out, "fft", [x], {"kind": "c2r", "dims": tuple(d % x.ndim for d in dims),
-                                        "norm": int(norm), "last_size": int(last),
-                                        "forward": False})
-    ctx.bind(out)
+    _fft(ctx, "c2r", last_size=int(ctx.args[3]), forward=False)
 
 
 @rule("aten._fft_c2c")
 def fft_c2c(ctx: OpCtx) -> None:
-    x, dims, norm, forward = ctx.args[:4]
-    out = ctx.output()
-    emit_library(ctx, out, "fft", [x], {"kind": "c2c", "dims": tuple(d % x.ndim for d in dims),
-                                        "norm": int(norm), "forward": bool(forward)})
-    ctx.bind(out)
+    _fft(ctx, "c2c", forward=bool(ctx.args[3]))
 
 
 # --- linear algebra -------------------------------------------------------------------

@@ -1,0 +1,46 @@
+"""Loading the user's program files, for every frontend: a file imported as ``python
+file.py`` would (its own folder importable), any failure reported in one line that names
+the file and line."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+
+from .contract import FrontendError
+
+
+def where(exc: BaseException, path: str | None = None) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in tb if path is None or os.path.abspath(f.filename) == os.path.abspath(path)]
+    f = (frames or tb or [None])[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno}" if f is not None else "?"
+
+
+def oneline(exc: BaseException) -> str:
+    msg = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {msg[0] if msg else ''}".rstrip(": ")
+
+
+def import_file(path: str):
+    if not os.path.exists(path):
+        raise FrontendError(f"{path}: no such file")
+    name = "solbound_user_" + "".join(c if c.isalnum() else "_" for c in os.path.abspath(path))
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise FrontendError(f"{path}: not a Python file")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    # as `python file.py` does: the file's own directory is importable (sibling modules)
+    here = os.path.dirname(os.path.abspath(path))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    try:
+        spec.loader.exec_module(mod)
+    except SyntaxError as e:
+        raise FrontendError(f"{path}:{e.lineno}: does not import: SyntaxError: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - any import failure is reported as one line
+        raise FrontendError(f"{path} ({where(e, path)}): does not import: {oneline(e)}") from None
+    return mod
