@@ -326,3 +326,109 @@ def test_a_wrong_rule_is_named_with_its_equation_and_line(monkeypatch):
     fd = rep.validation["first_divergence"]
     assert rep.validation["status"] == "failed"
     assert fd["primitive"] == "tanh" and fd["source"].startswith("test_jax.py:")
+
+
+def test_random_draws_are_counted_and_replayed():
+    key = jax.random.key(0)
+    # one draw (one vector op) per 32-bit word: 4 * 8 of them
+    rep = solbound.analyze(lambda k: jax.random.bits(k, (4, 8)), (key,), validate=True)
+    assert rep.counts.flops == {"matrix": 0, "vector": 32, "special": 0}
+    assert rep.validation["status"] == "passed", rep.validation
+
+    def f(key, x):
+        k1, k2 = jax.random.split(key)
+        keep = jax.random.bernoulli(k1, 0.9, x.shape)
+        noise = jax.random.normal(k2, x.shape)
+        return jnp.where(keep, x / 0.9, 0.0) + noise, jax.random.uniform(jax.random.fold_in(key, 3), (5,))
+    for k in (key, S((), key.dtype), jax.random.PRNGKey(3)):      # typed, abstract, raw keys
+        rep = solbound.analyze(f, (k, S((4, 8), F32)), validate=True)
+        assert rep.lowered.unsupported == []
+        assert rep.validation["status"] == "passed", rep.validation
+    # split: 2 keys of 2 words; three random_bits of 32, 32 and 5 words; fold_in: 2 words
+    draws = rep.lowered.random_draws
+    assert sorted(rep.program.tensor_map[t].numel for t in draws) == [2, 4, 5, 32, 32]
+
+
+def test_a_draw_inside_a_loop_is_counted_but_not_replayed():
+    def f(key, xs):
+        def step(c, x):
+            return c + jax.random.normal(jax.random.fold_in(key, 1), x.shape) * x, None
+        return jax.lax.scan(step, jnp.zeros(4), xs)[0]
+    rep = solbound.analyze(f, (jax.random.key(0), S((6, 4), F32)), validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "skipped"
+    assert "cannot be replayed" in rep.validation["reason"]
+
+
+def test_while_loops_shaped_as_fori_loop_count_their_trips():
+    w = S((4, 4), F32)
+    # bounds given as arrays: JAX emits a while, not a scan
+    rep = solbound.analyze(lambda x, w: jax.lax.fori_loop(
+        jnp.int32(2), jnp.int32(7), lambda i, c: jnp.tanh(c @ w) + i, x), (S((2, 4), F32), w),
+        validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.macs == 5 * 2 * 4 * 4
+    # a trip count known only at run time is named, with what to write instead
+    rep = solbound.analyze(lambda x: jax.lax.while_loop(lambda c: c.sum() < 10, lambda c: c + 1, x),
+                           (S((3,), F32),))
+    (u,) = rep.lowered.unsupported
+    assert u.operator == "jax.while" and "known only at run time" in u.reason and u.source
+
+
+def test_reversed_and_nested_scans():
+    rep = solbound.analyze(lambda x: jax.lax.scan(lambda c, xi: (c + xi, c * xi), 0.0, x,
+                                                  reverse=True), (S((6,), F32),), validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.flops["vector"] == 12
+
+    def nested(xs, w):
+        def outer(c, x):
+            def inner(ci, xi):
+                h = jnp.tanh(ci @ w + xi)
+                return h, h.sum()
+            return jax.lax.scan(inner, c, x, reverse=True)
+        return jax.lax.scan(outer, jnp.zeros((2, 4)), xs)
+    rep = solbound.analyze(nested, (S((5, 3, 2, 4), F32), S((4, 4), F32)), validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.macs == 5 * 3 * 2 * 4 * 4          # outer x inner x (2x4 @ 4x4)
+
+
+def test_a_boolean_padding_mask_keeps_the_causal_structure():
+    # min(int(padding), causal) as keras-hub writes it: a boolean is 0 or 1, so wherever
+    # the causal mask is 0 the minimum is 0, whatever the padding holds
+    T, D = 8, 4
+
+    def jf(q, k, pad):
+        i = jnp.arange(T)
+        mask = jnp.minimum(pad.astype(jnp.int32)[None, :], (i[:, None] >= i[None, :]).astype(jnp.int32))
+        s = jnp.where(mask > 0, q @ k.T, -jnp.inf)
+        return jax.nn.softmax(s, axis=-1)
+
+    def tf(s, q, k, pad):
+        i = torch.arange(T)
+        mask = torch.minimum(pad.int()[None, :], (i[:, None] >= i[None, :]).int())
+        return torch.softmax(torch.where(mask > 0, q @ k.T, float("-inf")), -1)
+    from helpers import Fn
+    t = solbound.analyze(Fn(tf), (torch.randn(T, D), torch.randn(T, D), torch.ones(T, dtype=torch.bool)),
+                         validate=True)
+    j = solbound.analyze(jf, (S((T, D), F32), S((T, D), F32), S((T,), jnp.bool_)), validate=True)
+    assert t.validation["status"] == j.validation["status"] == "passed"
+    assert t.counts.macs == j.counts.macs == T * (T + 1) // 2 * D
+
+
+def test_a_prefill_chunk_at_a_run_time_position():
+    # four rows written into the cache at a position known only at run time, then read
+    # back as a window (JAX clamps the start so that the window fits)
+    def prefill(cache, k, q, pos):
+        cache = jax.lax.dynamic_update_slice(cache, k, (0, pos, 0))
+        win = jax.lax.dynamic_slice(cache, (0, pos, 0), (2, 4, 8))
+        return cache, jnp.einsum("btd,bsd->bts", q, win)
+    for pos in (3, 14, -2):
+        rep = solbound.analyze(prefill, (S((2, 16, 8), F32), S((2, 4, 8), F32), S((2, 4, 8), F32),
+                                         jnp.int32(pos)), validate=True)
+        assert rep.lowered.unsupported == []
+        assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.macs == 2 * 4 * 4 * 8
+    cache = rep.lowered.inputs[0]["ir"]
+    assert rep.counts.fused.writes[cache] == 2 * 4 * 8 * 4        # in place, the chunk only
+    assert rep.counts.fused.reads.get(cache, 0) == 0              # the window just written

@@ -306,8 +306,8 @@ def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
     KV-cache row) and then reads back (attention over the cache, new row included) is
     read from chip, not DRAM: subtract the part of each read inside earlier writes'
     regions (boxes: a slice write's region is one). Rows a scatter wrote (a cache row
-    placed at a run-time position) are taken as read back from chip, up to their number:
-    the bound may only err low."""
+    placed at a run-time position) are taken as read back from chip by any later read,
+    direct or at run-time positions, up to their number: the bound may only err low."""
     tensors = g.program.tensor_map
     for t in sorted(updated):
         boxes: list[tuple[int, tuple]] = []       # (writer position, box atoms over x_d)
@@ -319,14 +319,15 @@ def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
             k = n.kernel
             ext = k.count_extents
             for acc in n.operands:
-                if acc.tensor != t or acc.indirect or not (boxes or scattered):
+                if acc.tensor != t or not (boxes or scattered) \
+                        or (acc.indirect and not scattered):
                     continue
                 key = _access_key(acc, ext, k.guard)
                 if key in seen:
                     continue
                 seen.add(key)
                 shape = tensors[t].shape
-                for _, box in boxes:
+                for _, box in (boxes if not acc.indirect else ()):
                     atoms = tuple(Atom(e, lo, hi + 1) for e, (lo, hi) in zip(acc.index, box))
                     saved += access_footprint(acc, shape, ext, k.guard + atoms).elements
                 if scattered:

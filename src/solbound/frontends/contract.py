@@ -39,8 +39,11 @@ class LoweredProgram:
     # FX node name -> where its (first) tensor value lives in the IR, for diagnosis
     values: dict[str, dict] = field(default_factory=dict)
     rules_used: set[str] = field(default_factory=set)
-    # IR tensor holding a random draw -> (FX node, output index or None): validation
-    # replays the framework's draw there
+    # IR tensor holding a random draw -> (where the framework drew it: an FX node, or a
+    # JAX equation path such as "3/0/2" through inlined calls; output index or None):
+    # validation replays the framework's draw there
     random_draws: dict[str, tuple[str, int | None]] = field(default_factory=dict)
     # intermediates the demand pass confined to the elements their readers use
     partial: set[str] = field(default_factory=set)
+    # where a draw that cannot be replayed was made (inside a loop or a branch), or ""
+    draws_unreplayable: str = ""

@@ -90,6 +90,8 @@ OPS: dict[str, Callable] = {
     "sin": np.sin, "cos": np.cos, "pow": np.power, "atan": np.arctan, "erfinv": _erfinv,
     "complex": lambda re, im: np.asarray(re) + 1j * np.asarray(im), "real": np.real,
     "imag": np.imag,
+    "shr": lambda a, b: np.right_shift(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)),
+    "bitcast_f32": lambda a: np.asarray(a, dtype=np.int64).astype(np.uint32).view(np.float32),
 }
 
 REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "any": np.any,

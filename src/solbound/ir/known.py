@@ -81,6 +81,16 @@ class MaskNeg:
     but ``exp`` of it (minus a row max) is exactly 0."""
 
 
+class _Bit:
+    def __repr__(self) -> str:
+        return "BIT"
+
+
+# unknown data that is 0 or 1 (a boolean tensor, or one converted to a number): the
+# minimum of it and 0 is 0, the maximum of it and 1 is 1 (``min(padding_mask, causal)``)
+BIT = _Bit()
+
+
 @dataclass(frozen=True)
 class Known:
     value: float | int | bool
@@ -232,6 +242,10 @@ def _apply(op: str, args: list):
         return NONFINITE
     if any(isinstance(a, MaskNeg) for a in args):
         return _apply_masked(op, args)
+    if any(a is BIT for a in args):
+        r = _apply_bit(op, args)
+        if r is not None:
+            return r
     if all(isinstance(a, Known) for a in args):
         r = _concrete(op, [a.value for a in args])
         return UNKNOWN if r is None else Known(r)
@@ -263,6 +277,19 @@ def _apply(op: str, args: list):
     if op == "select" and _eq(args[1], args[2]):
         return args[1]
     return UNKNOWN
+
+
+def _apply_bit(op: str, args: list):
+    """``op`` where an argument is 0/1 data (None: no rule beyond finite data)."""
+    if op.startswith("to_") and args[0] is BIT:
+        return BIT
+    if op == "minimum" and any(isinstance(a, Known) and not (a.value > 0) for a in args):
+        return next(a for a in args if isinstance(a, Known))
+    if op == "maximum" and any(isinstance(a, Known) and a.value >= 1 for a in args):
+        return next(a for a in args if isinstance(a, Known))
+    if op in ("and", "mul", "minimum", "maximum", "or") and all(a is BIT for a in args):
+        return BIT
+    return None
 
 
 _CMP = {"lt": (None, 0), "le": (None, 1), "gt": (1, None), "ge": (0, None), "eq": (0, 1)}
@@ -349,7 +376,7 @@ def _fact_at(fact, index: tuple):
     return fact
 
 
-def _eval(e, facts: dict):
+def _eval(e, facts: dict, bools: frozenset = frozenset()):
     if isinstance(e, Const):
         return Known(e.value)
     if isinstance(e, Idx):
@@ -357,10 +384,10 @@ def _eval(e, facts: dict):
     if isinstance(e, Access):
         fact = facts.get(e.tensor)
         if fact is None or e.indirect:
-            return UNKNOWN
+            return BIT if e.tensor in bools else UNKNOWN
         return _fact_at(fact, e.index)
     if isinstance(e, Call):
-        return _eval_call(e.op, [_eval(a, facts) for a in e.args])
+        return _eval_call(e.op, [_eval(a, facts, bools) for a in e.args])
     return UNKNOWN
 
 
@@ -408,7 +435,8 @@ def _new_atoms(k: Kernel, atoms) -> tuple[Atom, ...]:
 
 def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
                     seeds: dict | None = None, folded: dict | None = None,
-                    state: frozenset[str] = frozenset()) -> list[Kernel]:
+                    state: frozenset[str] = frozenset(),
+                    bools: frozenset[str] = frozenset()) -> list[Kernel]:
     """The kernels with known-constant regions turned into guards (see the module doc).
 
     ``shapes`` gives every tensor's shape; ``seeds`` maps tensors the program receives
@@ -418,7 +446,8 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
     tensors known before the program runs (``ir/fold.py``); facts of the other tensors
     the kernels write are derived here. Seeds named in ``state`` are values of run-time
     state taken at analysis (a counter): they may turn masks into guards, but a kernel
-    computed from them keeps its body (the run reads and computes it).
+    computed from them keeps its body (the run reads and computes it). Tensors named in
+    ``bools`` hold booleans: their unknown values are 0 or 1 (``BIT``).
     """
     writers: dict[str, int] = {}
     for k in kernels:
@@ -441,7 +470,7 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
                 or k.lib:
             out.append(k)
             continue
-        val = _eval(k.body, facts)
+        val = _eval(k.body, facts, bools)
         reads = {a.tensor for a in accesses(k.body)}
         if reads & tainted:
             tainted.update(k.outputs)
@@ -510,7 +539,7 @@ def _fact_of(k: Kernel, val, names: list[str]):
         atoms = _to_coords(k.guard, names)
         if atoms is None:
             return None
-        inside = val if isinstance(val, (Known, Lin)) else UNKNOWN
+        inside = val if isinstance(val, (Known, Lin)) or val is BIT else UNKNOWN
         if isinstance(val, Cond) and set(val.atoms) <= set(k.guard):
             inside = val.t
         if isinstance(inside, Lin):
@@ -524,6 +553,8 @@ def _fact_of(k: Kernel, val, names: list[str]):
             atoms = _to_coords(val.atoms, names)
             return None if atoms is None else Cond(atoms, val.t, val.f)
         return val
+    if val is BIT:
+        return BIT
     return None
 
 

@@ -83,8 +83,12 @@ SCALAR_OPS: dict[str, tuple[int, str | None]] = {
     "round": (1, VECTOR), "trunc": (1, VECTOR), "sign": (1, VECTOR),
     "fma": (3, VECTOR), "isnan": (1, VECTOR),
     # a uniform [0, 1) draw per point (random number generation): not reproducible
-    # against the framework's generator; validation replays the framework's draws
-    "rand": (0, VECTOR),
+    # against the framework's generator; validation replays the framework's draws. Its
+    # operands (a PRNG key, a seed) are read, not used: they order the draw after them
+    "rand": (-1, VECTOR),
+    # bits: a logical right shift of a non-negative integer; the float32 whose IEEE bits are
+    # the low 32 bits of an integer (no arithmetic: a reinterpretation)
+    "shr": (2, VECTOR), "bitcast_f32": (1, None),
     # special functions (transcendentals; one special-function-unit op each)
     "exp": (1, SPECIAL), "exp2": (1, SPECIAL), "log": (1, SPECIAL), "log2": (1, SPECIAL),
     "log1p": (1, SPECIAL), "expm1": (1, SPECIAL), "tanh": (1, SPECIAL),

@@ -109,7 +109,8 @@ def refine(p: Program) -> tuple[Program, set[str], list[str]]:
     from .known import propagate_known
     folded, dense = fold_report(p)
     shapes = {t.name: t.shape for t in p.tensors}
-    kernels = propagate_known(list(p.kernels), shapes, {}, folded)
+    bools = frozenset(t.name for t in p.tensors if t.dtype == "bool")
+    kernels = propagate_known(list(p.kernels), shapes, {}, folded, bools=bools)
     p = prune_dead(Program(p.tensors, tuple(kernels), p.notes))
     whole = list(p.kernels)
     kernels = restrict_to_demand(whole, {t.name for t in p.by_role("intermediate")})

@@ -44,6 +44,21 @@ def ir_dtype(dtype) -> str:
     return DTYPES[name]
 
 
+def _key_shape(dtype) -> tuple[int, ...] | None:
+    """The words of one PRNG key (``(2,)`` for threefry) when ``dtype`` is a key type."""
+    impl = getattr(dtype, "_impl", None)
+    return tuple(impl.key_shape) if impl is not None and hasattr(impl, "key_shape") else None
+
+
+def aval_ir(aval) -> tuple[tuple[int, ...], str]:
+    """(IR shape, IR dtype) of a jaxpr value: a PRNG key array ``key<fry>[S]`` is its key
+    data, ``u32[S, 2]``."""
+    ks = _key_shape(aval.dtype)
+    if ks is not None:
+        return tuple(aval.shape) + ks, "i32"
+    return tuple(aval.shape), ir_dtype(aval.dtype)
+
+
 @dataclass(frozen=True)
 class JView:
     """A strided window onto base IR tensor ``base`` (row-major storage)."""
@@ -116,9 +131,8 @@ class Ctx:
         return [v.aval for v in self.eqn.outvars]
 
     def output(self, i: int = 0) -> JView:
-        aval = self.out_avals[i]
-        return self.low.new_base(f"{self.eqn.primitive.name}", tuple(aval.shape),
-                                 ir_dtype(aval.dtype))
+        shape, dtype = aval_ir(self.out_avals[i])
+        return self.low.new_base(f"{self.eqn.primitive.name}", shape, dtype)
 
     def load(self, v, index: list) -> Expr:
         """``v`` at ``index`` (one affine entry per view dim); a Python scalar is a constant."""
@@ -190,6 +204,12 @@ class JaxLowering:
         self._loops = 0
         self.branch_assumed = False
         self.values: dict = {}
+        # random draws: IR tensor -> (path of equation indices through inlined calls, output
+        # index); the reference records what JAX drew there (``reference.py``)
+        self.random_draws: dict[str, tuple[str, int | None]] = {}
+        self.draws_unreplayable = ""         # a draw inside a loop or branch: its source
+        self._path: list[int] = []
+        self._control = 0                    # depth inside scan bodies and cond branches
 
     # names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -232,8 +252,7 @@ class JaxLowering:
         self.read_vars = _read_vars(jaxpr)
         inputs = []
         for var, name in zip(jaxpr.invars, self.arg_names):
-            aval = var.aval
-            v = self.new_base(name, tuple(aval.shape), ir_dtype(aval.dtype), "input")
+            v = self.new_base(name, *aval_ir(var.aval), "input")
             self.env[var] = v
             inputs.append({"name": name, "ir": v.base})
         self._consts(jaxpr.constvars, self.closed.consts)
@@ -248,6 +267,7 @@ class JaxLowering:
             self._group = (f"e{i}", f"jax.{label}", _src(eqn))
             self.groups.setdefault(f"e{i}", {"name": f"jax.{label}", "src": _src(eqn),
                                              "module": ""})
+            self._path = [i]
             self.lower_eqn(eqn)
             for j, var in enumerate(eqn.outvars):     # where each top-level value lives
                 v = self.env.get(var)
@@ -279,6 +299,8 @@ class JaxLowering:
         low = LoweredProgram(program, self.unsupported, outputs, inputs, self.state,
                              self.groups, rules_used=self.rules_used, partial=partial)
         low.branch_assumed = self.branch_assumed
+        low.random_draws = {t: v for t, v in self.random_draws.items() if t in program.tensor_map}
+        low.draws_unreplayable = self.draws_unreplayable
         low.values = {k: v for k, v in self.values.items() if v["ir"] in program.tensor_map}
         return low
 
@@ -312,17 +334,17 @@ class JaxLowering:
         if name == "cond":
             self._cond(eqn)
             return
-        if name == "scan":
+        if name in ("scan", "while"):
             try:
-                self._scan(eqn)
-                self.rules_used.add("scan")
+                (self._scan if name == "scan" else self._while)(eqn)
+                self.rules_used.add(name)
                 return
             except JaxLoweringError as e:
-                self.unsupported.append(Unsupported("jax.scan", _src(eqn) or self._group[2],
+                self.unsupported.append(Unsupported(f"jax.{name}", _src(eqn) or self._group[2],
                                                     str(e), name))
                 for var in eqn.outvars:
-                    self.env[var] = self.new_base("scan_unsupported", tuple(var.aval.shape),
-                                                  ir_dtype(var.aval.dtype), "input")
+                    self.env[var] = self.new_base("scan_unsupported", *aval_ir(var.aval),
+                                                  "input")
                 return
         args = [self.read(a) for a in eqn.invars]
         if args and not any(isinstance(a, JView) for a in args) \
@@ -339,7 +361,9 @@ class JaxLowering:
         if fn is not None:
             n_k, n_t = len(self.kernels), dict(self.tensors)
             try:
-                fn(Ctx(self, eqn, args))
+                ctx = Ctx(self, eqn, args)
+                ctx.params = _key_params(eqn)
+                fn(ctx)
                 self.rules_used.add(name)
                 return
             except JaxLoweringError as e:
@@ -349,9 +373,7 @@ class JaxLowering:
         self.unsupported.append(Unsupported(f"jax.{name}", _src(eqn) or self._group[2],
                                             reason, name))
         for var in eqn.outvars:
-            aval = var.aval
-            self.env[var] = self.new_base(f"{name}_unsupported", tuple(aval.shape),
-                                          ir_dtype(aval.dtype), "input")
+            self.env[var] = self.new_base(f"{name}_unsupported", *aval_ir(var.aval), "input")
 
     def _inline(self, eqn) -> None:
         p = eqn.params
@@ -373,35 +395,77 @@ class JaxLowering:
             self._consts(jaxpr.constvars, inner.consts)
         for var, a in zip(jaxpr.invars, args):
             self.env[var] = a
-        for e in jaxpr.eqns:
-            self.lower_eqn(e)
+        for j, e in enumerate(jaxpr.eqns):
+            self._path.append(j)
+            try:
+                self.lower_eqn(e)
+            finally:
+                self._path.pop()
         return [self.read(v) for v in jaxpr.outvars]
 
+    def draw(self, out: JView, eqn, index: int | None = None) -> None:
+        """``out`` holds a random draw: validation replays what JAX drew at this equation
+        (one inside a loop or a branch cannot be replayed: validation says so)."""
+        if self._control:
+            self.draws_unreplayable = self.draws_unreplayable or (_src(eqn) or self._group[2]
+                                                                  or eqn.primitive.name)
+        self.random_draws[out.base] = ("/".join(map(str, self._path)), index)
+
     def _scan(self, eqn) -> None:
-        """``lax.scan``: a sequential loop in the IR, its body lowered once. Each carry
-        lives in a history tensor ``[length + 1, ...]`` (iteration ``ts`` reads row ``ts``
-        and writes row ``ts + 1``), each stacked output in ``[length, ...]``; the scanned
-        inputs are read at row ``ts``. Counting multiplies the body by the trip count."""
+        """``lax.scan`` (forward or reversed): a sequential loop in the IR (see ``_loop``)."""
         p = eqn.params
-        if p.get("reverse") or self.loop is not None:
-            raise JaxLoweringError("a reversed or nested scan")
-        length, nc, ncar = p["length"], p["num_consts"], p["num_carry"]
-        closed = p["jaxpr"]
-        body = closed.jaxpr
+        nc, ncar = p["num_consts"], p["num_carry"]
         args = [self.read(a) for a in eqn.invars]
-        consts, init, xs = args[:nc], args[nc:nc + ncar], args[nc + ncar:]
+        outs = self._loop(p["jaxpr"], p["length"], nc, ncar, args[:nc], args[nc:nc + ncar],
+                          args[nc + ncar:], bool(p.get("reverse")))
+        for out, v in zip(eqn.outvars, outs):
+            self.env[out] = v
+
+    def _while(self, eqn) -> None:
+        """``lax.while_loop`` shaped as ``fori_loop`` (a counter carry compared with ``lt``
+        against a bound carried unchanged, incremented by 1 in the body), both ends known
+        to the program: a sequential loop of ``upper - lower`` iterations. Any other
+        ``while`` has a trip count known only at run time: named, with its condition."""
+        p = eqn.params
+        cj, bj = p["cond_jaxpr"].jaxpr, p["body_jaxpr"].jaxpr
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        args = [self.read(a) for a in eqn.invars]
+        init = args[cn + bn:]
+        trips = _fori_trips(cj, bj, cn, bn, init)
+        if trips is None:
+            raise JaxLoweringError("a while loop whose trip count is known only at run time "
+                                   "(not a fori_loop with both ends known to the program): "
+                                   "write it as lax.fori_loop with static bounds or lax.scan")
+        outs = self._loop(p["body_jaxpr"], trips, bn, len(init), args[cn:cn + bn], init, [],
+                          False)
+        for out, v in zip(eqn.outvars, outs):
+            self.env[out] = v
+
+    def _loop(self, closed, length: int, nc: int, ncar: int, consts, init, xs,
+              reverse: bool) -> list:
+        """A scan body run ``length`` times: the values of its final carries and of its
+        stacked outputs. At the top level a sequential loop in the IR, its body lowered
+        once: each carry lives in a history tensor ``[length + 1, ...]`` (iteration ``ts``
+        reads row ``ts`` and writes row ``ts + 1``), each stacked output in ``[length,
+        ...]``; the scanned inputs are read at row ``ts`` (``length - 1 - ts`` reversed).
+        Counting multiplies the body by the trip count. Inside another loop the body is
+        unrolled (``UNROLL_LIMIT`` iterations at most)."""
+        body = closed.jaxpr
         if any(not isinstance(x, JView) for x in xs):
             raise JaxLoweringError("scan over a literal")
+        if self.loop is not None:
+            return self._unrolled(closed, length, nc, ncar, consts, init, xs, reverse)
         self._consts(body.constvars, closed.consts)
         ts = Aff.var("ts")
+        row = Aff.lit(length - 1) - ts if reverse else ts
         hist = []
         for var, c in zip(body.invars[nc:nc + ncar], init):
-            aval = var.aval
-            h = self.new_base("carry", (length + 1,) + tuple(aval.shape), ir_dtype(aval.dtype))
-            row0 = JView(h.base, tuple(aval.shape), h.strides[1:], 0, h.dtype)
+            shape, dtype = aval_ir(var.aval)
+            h = self.new_base("carry", (length + 1,) + shape, dtype)
+            row0 = JView(h.base, shape, h.strides[1:], 0, h.dtype)
             self._copy_into(c, row0)
             hist.append(h)
-        ys = [self.new_base("ys", (length,) + tuple(v.aval.shape), ir_dtype(v.aval.dtype))
+        ys = [self.new_base("ys", (length,) + aval_ir(v.aval)[0], aval_ir(v.aval)[1])
               for v in body.outvars[ncar:]]
         for var, c in zip(body.invars[:nc], consts):
             self.env[var] = c
@@ -409,9 +473,10 @@ class JaxLowering:
             self.env[var] = JView(h.base, h.shape[1:], h.strides[1:], ts * h.strides[0], h.dtype)
         for var, x in zip(body.invars[nc + ncar:], xs):
             self.env[var] = JView(x.base, x.shape[1:], x.strides[1:],
-                                  ts * x.strides[0] + x.offset, x.dtype)
+                                  row * x.strides[0] + x.offset, x.dtype)
         self._loops += 1
         self.loop = ("ts", length, self._loops)
+        self._control += 1
         try:
             for inner in body.eqns:
                 self.lower_eqn(inner)
@@ -420,14 +485,45 @@ class JaxLowering:
                                                       (ts + 1) * h.strides[0], h.dtype))
             for var, y in zip(body.outvars[ncar:], ys):
                 self._copy_into(self.read(var), JView(y.base, y.shape[1:], y.strides[1:],
-                                                      ts * y.strides[0], y.dtype))
+                                                      row * y.strides[0], y.dtype))
         finally:
             self.loop = None
-        for out, h in zip(eqn.outvars[:ncar], hist):
-            self.env[out] = JView(h.base, h.shape[1:], h.strides[1:], length * h.strides[0],
-                                  h.dtype)
-        for out, y in zip(eqn.outvars[ncar:], ys):
-            self.env[out] = y
+            self._control -= 1
+        finals = [JView(h.base, h.shape[1:], h.strides[1:], length * h.strides[0], h.dtype)
+                  for h in hist]
+        return finals + ys
+
+    def _unrolled(self, closed, length, nc, ncar, consts, init, xs, reverse) -> list:
+        """A scan nested in another loop, unrolled: its body lowered once per iteration
+        (inside the enclosing loop, so still counted times the outer trip count)."""
+        if length > UNROLL_LIMIT:
+            raise JaxLoweringError(f"a scan of {length} iterations inside another loop "
+                                   f"(nested loops are unrolled up to {UNROLL_LIMIT})")
+        body = closed.jaxpr
+        self._consts(body.constvars, closed.consts)
+        ys = [self.new_base("ys", (length,) + aval_ir(v.aval)[0], aval_ir(v.aval)[1])
+              for v in body.outvars[ncar:]]
+        carries = list(init)
+        self._control += 1
+        try:
+            for it in range(length):
+                row = length - 1 - it if reverse else it
+                for var, c in zip(body.invars[:nc], consts):
+                    self.env[var] = c
+                for var, c in zip(body.invars[nc:nc + ncar], carries):
+                    self.env[var] = c
+                for var, x in zip(body.invars[nc + ncar:], xs):
+                    self.env[var] = JView(x.base, x.shape[1:], x.strides[1:],
+                                          row * x.strides[0] + x.offset, x.dtype)
+                for inner in body.eqns:
+                    self.lower_eqn(inner)
+                carries = [self.read(v) for v in body.outvars[:ncar]]
+                for var, y in zip(body.outvars[ncar:], ys):
+                    self._copy_into(self.read(var), JView(y.base, y.shape[1:], y.strides[1:],
+                                                          row * y.strides[0], y.dtype))
+        finally:
+            self._control -= 1
+        return carries + ys
 
     def _cond(self, eqn) -> None:
         """``lax.cond``/``switch``: a branch index known to the program lowers that branch;
@@ -438,7 +534,11 @@ class JaxLowering:
         index, *ops = [self.read(a) for a in eqn.invars]
 
         def lower_branch(i):
-            return self._lower_sub(branches[i], ops)
+            self._control += 1
+            try:
+                return self._lower_sub(branches[i], ops)
+            finally:
+                self._control -= 1
         if not isinstance(index, JView):
             chosen = min(max(int(index), 0), len(branches) - 1)
         else:
@@ -476,6 +576,66 @@ class JaxLowering:
         return out
 
 
+UNROLL_LIMIT = 256
+
+
+def _fori_trips(cond, body, cn: int, bn: int, init: list) -> int | None:
+    """The trip count of a ``while`` shaped as ``fori_loop``: the condition is ``lt`` of
+    carry ``i`` and carry ``j`` (``j`` returned unchanged by the body, ``i`` returned as
+    ``i + 1``), both initial values known to the program; ``None`` otherwise."""
+    from jax.extend.core import Literal
+    if len(cond.eqns) != 1 or cond.eqns[0].primitive.name != "lt" \
+            or cond.outvars[0] is not cond.eqns[0].outvars[0]:
+        return None
+    carries = list(cond.invars[cn:])
+    a, b = cond.eqns[0].invars
+    if isinstance(a, Literal) or isinstance(b, Literal) or a not in carries or b not in carries:
+        return None
+    i, j = carries.index(a), carries.index(b)
+    bin_ = list(body.invars[bn:])
+    if body.outvars[j] is not bin_[j]:
+        return None
+    step = next((e for e in body.eqns if body.outvars[i] in e.outvars), None)
+    if step is None or step.primitive.name != "add" or step.invars[0] is not bin_[i] \
+            or not isinstance(step.invars[1], Literal) or int(step.invars[1].val) != 1:
+        return None
+    lo, hi = init[i], init[j]
+    if isinstance(lo, JView) or isinstance(hi, JView):
+        return None
+    return max(0, int(hi) - int(lo))
+
+
+def _key_params(eqn) -> dict:
+    """The parameters of a shape primitive applied to a PRNG key array, extended over the
+    trailing key-word dimension its IR value has (``aval_ir``)."""
+    p = eqn.params
+    keys = [v for v in list(eqn.invars) + list(eqn.outvars)
+            if _key_shape(getattr(v.aval, "dtype", None)) is not None]
+    if not keys:
+        return p
+    (w,) = _key_shape(keys[0].aval.dtype)
+    p = dict(p)
+    name = eqn.primitive.name
+    if name == "slice":
+        p["start_indices"] = tuple(p["start_indices"]) + (0,)
+        p["limit_indices"] = tuple(p["limit_indices"]) + (w,)
+        if p.get("strides"):
+            p["strides"] = tuple(p["strides"]) + (1,)
+    elif name == "transpose":
+        p["permutation"] = tuple(p["permutation"]) + (len(p["permutation"]),)
+    elif name == "broadcast_in_dim":
+        p["broadcast_dimensions"] = tuple(p["broadcast_dimensions"]) + (len(p["shape"]),)
+        p["shape"] = tuple(p["shape"]) + (w,)
+    elif name == "reshape":
+        p["new_sizes"] = tuple(p["new_sizes"]) + (w,)
+    elif name not in ("squeeze", "expand_dims", "concatenate", "select_n", "copy", "copy_p",
+                      "random_bits", "random_split", "random_fold_in", "random_wrap",
+                      "random_unwrap", "random_clone", "random_clone_p", "stop_gradient",
+                      "optimization_barrier"):
+        raise JaxLoweringError(f"{name} of PRNG keys")
+    return p
+
+
 def _read_vars(jaxpr, acc=None):
     """How many times each variable is read (by an equation, or returned), through nested
     jaxprs (a ``Counter``; a variable read nowhere is absent)."""
@@ -503,7 +663,8 @@ def trace(fn, args) -> tuple[Any, list[str]]:
     leaves, tree = jax.tree_util.tree_flatten_with_path(args)
     abstract = jax.tree_util.tree_map(
         lambda x: x if isinstance(x, jax.ShapeDtypeStruct)
-        else jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", np.asarray(x).dtype)), args)
+        else jax.ShapeDtypeStruct(np.shape(x), x.dtype if hasattr(x, "dtype")
+                                  else np.asarray(x).dtype), args)
     try:
         closed = jax.make_jaxpr(fn)(*abstract)
     except Exception as e:  # noqa: BLE001 - one line for the user

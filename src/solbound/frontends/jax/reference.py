@@ -1,7 +1,8 @@
 """Validation against JAX: the function run by JAX on the CPU with seeded inputs (floating
-leaves drawn from a normal distribution, integer and boolean leaves given or zero), the IR
-run by the executor on the same values, every output compared with the neutral tolerance
-of ``validate/golden.py``."""
+leaves drawn from a normal distribution, integer leaves given or zero, boolean leaves given
+or true, PRNG keys given or split from a seeded key), the IR run by the executor on the same
+values with JAX's random draws replayed, every output compared with the neutral tolerance
+of ``validate/compare.py``."""
 
 from __future__ import annotations
 
@@ -19,9 +20,14 @@ def real_args(args, seed: int = 0):
     def draw(x):
         if not isinstance(x, jax.ShapeDtypeStruct):
             return x
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            keys = jax.random.split(jax.random.key(seed), max(1, int(np.prod(x.shape))))
+            return keys.reshape(x.shape)
         dt = np.dtype(x.dtype) if x.dtype != jnp.bfloat16 else None
         if dt is None or np.issubdtype(dt, np.floating):
             return jnp.asarray(rng.standard_normal(x.shape).astype(np.float32), dtype=x.dtype)
+        if dt == np.bool_:
+            return jnp.ones(x.shape, x.dtype)      # a mask that keeps everything
         return jnp.zeros(x.shape, x.dtype)
     return jax.tree_util.tree_map(draw, args, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
 
@@ -85,6 +91,51 @@ def validate_within_budget(lowered, fn, args, seed: int = 0, max_bytes=None,
                       f"instance keeps the kernel structure"}
 
 
+def _plain(v) -> np.ndarray:
+    """A JAX value as numpy (a PRNG key array as its key data)."""
+    import jax
+    if jax.dtypes.issubdtype(getattr(v, "dtype", np.float32), jax.dtypes.prng_key):
+        v = jax.random.key_data(v)
+    return np.asarray(v)
+
+
+def recorded_draws(lowered, fn, values) -> dict[str, np.ndarray]:
+    """What JAX drew at each of the lowering's draw sites (``random_draws``: an equation
+    path through inlined calls): the jaxpr evaluated equation by equation, entering the
+    calls on a path to a draw."""
+    import jax
+    from jax.extend.core import Literal
+    from .lower import CALLS
+    wanted = {}
+    for ir, (path, index) in lowered.random_draws.items():
+        wanted.setdefault(tuple(int(i) for i in path.split("/")), []).append((ir, index or 0))
+    prefixes = {p[:n] for p in wanted for n in range(1, len(p))}
+    got: dict[str, np.ndarray] = {}
+
+    def run(jaxpr, consts, args, prefix):
+        env = dict(zip(jaxpr.constvars, consts))
+        env.update(zip(jaxpr.invars, args))
+        for j, eqn in enumerate(jaxpr.eqns):
+            path = prefix + (j,)
+            ins = [a.val if isinstance(a, Literal) else env[a] for a in eqn.invars]
+            if path in prefixes and eqn.primitive.name in CALLS:
+                p = eqn.params
+                inner = p.get("jaxpr") or p.get("call_jaxpr") or p.get("fun_jaxpr")
+                ij = inner.jaxpr if hasattr(inner, "jaxpr") else inner
+                outs = run(ij, getattr(inner, "consts", []), ins[len(ins) - len(ij.invars):], path)
+            else:
+                outs = eqn.primitive.bind(*ins, **eqn.params)
+                outs = outs if eqn.primitive.multiple_results else [outs]
+            for var, val in zip(eqn.outvars, outs):
+                env[var] = val
+            for ir, index in wanted.get(path, ()):
+                got[ir] = _plain(outs[index])
+        return [a.val if isinstance(a, Literal) else env[a] for a in jaxpr.outvars]
+    closed = jax.make_jaxpr(fn)(*values)
+    run(closed.jaxpr, closed.consts, jax.tree_util.tree_leaves(values), ())
+    return got
+
+
 def first_divergence(lowered, fn, values, arrays, tol: float):
     """The first top-level equation whose value the IR does not reproduce: the jaxpr is
     evaluated equation by equation on the same inputs and each value compared with the IR
@@ -131,21 +182,31 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
         return {"status": "skipped", "seconds": 0.0,
                 "reason": "a branch known only at run time was chosen for the bound (see the "
                           "notes): the run takes the branch its data says"}
+    if getattr(lowered, "draws_unreplayable", ""):
+        return {"status": "skipped", "seconds": 0.0,
+                "reason": f"a random draw inside a loop or a branch "
+                          f"({lowered.draws_unreplayable}) cannot be replayed: not comparable"}
     values = real_args(args, seed)
     leaves = jax.tree_util.tree_leaves(values)
-    feeds = {spec["ir"]: np.asarray(v, dtype=np.float64 if np.asarray(v).dtype.kind == "V" else None)
+    feeds = {spec["ir"]: np.asarray(_plain(v), dtype=np.float64
+                                    if _plain(v).dtype.kind == "V" else None)
              for spec, v in zip(lowered.inputs, leaves) if spec.get("ir")}
     for st in lowered.state:
         feeds[st["ir"]] = np.asarray(st["value"])
     out = fn(*values)
-    golden = [np.asarray(o, dtype=np.float64) if np.asarray(o).dtype.kind in "fV" else np.asarray(o)
+    golden = [_plain(o).astype(np.float64) if _plain(o).dtype.kind in "fV" else _plain(o)
               for o in jax.tree_util.tree_leaves(out)]
+    draws = recorded_draws(lowered, fn, values) if lowered.random_draws else {}
+
+    def replay(k, arrays):
+        if k.out in draws:
+            arrays[k.out][...] = draws[k.out].reshape(arrays[k.out].shape)
     p = lowered.program
     dtypes = [t.dtype for t in p.tensors if t.role == "output"]
     src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
     tol = tolerance(src_dtype, max_reduction(p), len(lowered.groups))
     try:
-        arrays = execute(p, feeds)
+        arrays = execute(p, feeds, on_kernel=replay if draws else None)
     except ExecutionError as e:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...ir.affine import Aff, Atom
 from ...ir.model import Access, Call, Const, Idx, Kernel
 from ...ir.passes import contiguous_strides
-from .lower import Ctx, JaxLoweringError, JView, ir_dtype, rule
+from .lower import Ctx, JaxLoweringError, JView, _key_shape, ir_dtype, rule
 
 
 def _dims(shape, prefix: str = "d") -> list[tuple[str, int]]:
@@ -109,6 +109,64 @@ def clamp(ctx: Ctx) -> None:
 def convert(ctx: Ctx) -> None:
     dt = ir_dtype(ctx.params["new_dtype"])
     _elementwise(ctx, lambda a: Call(f"to_{dt}", (a,)))
+
+
+@rule("shift_right_logical")
+def shift_right_logical(ctx: Ctx) -> None:
+    _elementwise(ctx, lambda a, b: Call("shr", (a, b)))
+
+
+@rule("bitcast_convert_type")
+def bitcast_convert_type(ctx: Ctx) -> None:
+    """The float32 whose bits are a 32-bit integer's (how ``jax.random.uniform`` turns
+    random bits into a number in [1, 2)); other reinterpretations are not lowered."""
+    src = ctx.eqn.invars[0].aval.dtype
+    if str(ctx.params["new_dtype"]) != "float32" or str(src) not in ("uint32", "int32"):
+        raise JaxLoweringError(f"bitcast from {src} to {ctx.params['new_dtype']}")
+    _elementwise(ctx, lambda a: Call("bitcast_f32", (a,)))
+
+
+# --- random numbers -------------------------------------------------------------------
+# A PRNG key array key<fry>[S] is its key data u32[S, 2] (``lower.aval_ir``). Every value a
+# generator produces (random bits, a split or folded key, a seeded key) is a *draw*: one
+# ``rand`` op per element, the cheapest a counter-based generator could be (threefry costs
+# tens of integer ops per 32 bits: a lower bound stays a bound). Validation replays what
+# JAX drew at the same equation (``reference.py``).
+
+def _draw_operands(ctx: Ctx, idx: list) -> tuple:
+    """The generator's operands as the draw at ``idx`` reads them: a key array's words at
+    the leading output coordinates, a scalar seed or fold-in value."""
+    reads = []
+    for a, var in zip(ctx.args, ctx.eqn.invars):
+        if not isinstance(a, JView):
+            continue
+        if _key_shape(var.aval.dtype) is not None:
+            lead = idx[:a.ndim - 1]
+            reads += [ctx.load(a, lead + [Aff.lit(w)]) for w in range(a.shape[-1])]
+        elif a.ndim == 0:
+            reads.append(ctx.load(a, []))
+    return tuple(reads)
+
+
+def _draw(ctx: Ctx) -> None:
+    outs = []
+    for j in range(len(ctx.eqn.outvars)):
+        out = ctx.output(j)
+        dims = _dims(out.shape)
+        idx = _vars(dims)
+        ctx.emit(out, dims, idx, Call(f"to_{out.dtype}", (Call("rand", _draw_operands(ctx, idx)),)))
+        ctx.low.draw(out, ctx.eqn, j)
+        outs.append(out)
+    ctx.bind(*outs)
+
+
+rule("random_bits", "random_split", "random_fold_in", "random_seed", "threefry2x32")(_draw)
+
+
+@rule("random_wrap", "random_unwrap", "random_clone", "random_clone_p")
+def random_key_view(ctx: Ctx) -> None:
+    """Key data and typed keys are the same words (u32[S, 2] both ways)."""
+    ctx.bind(ctx.args[0])
 
 
 @rule("stop_gradient", "copy", "copy_p", "reduce_precision", "optimization_barrier")
@@ -218,6 +276,22 @@ def concatenate(ctx: Ctx) -> None:
         oi = [v + pos if i == axis else v for i, v in enumerate(idx)]
         ctx.emit(out, dims, oi, ctx.load(a, idx))
         pos += a.shape[axis]
+    ctx.bind(out)
+
+
+@rule("stack")
+def stack(ctx: Ctx) -> None:
+    """``jnp.stack`` (a primitive since JAX 0.10): operand ``i`` written at position ``i``
+    of a new axis."""
+    out = ctx.output()
+    axis = ctx.params["axis"] % out.ndim
+    for i, a in enumerate(ctx.args):
+        shape = ctx.eqn.invars[i].aval.shape
+        dims = _dims(shape)
+        idx = _vars(dims)
+        oi = idx[:axis] + [Aff.lit(i)] + idx[axis:]
+        body = ctx.load(a, idx) if isinstance(a, JView) else Const(a)
+        ctx.emit(out, dims, oi, body)
     ctx.bind(out)
 
 
@@ -494,18 +568,26 @@ def _static_starts(ctx: Ctx, starts) -> list[int]:
     return vals
 
 
-def _runtime_rows(ctx: Ctx, starts, sizes):
-    """Index entries for a dynamic slice whose run-time starts all have size 1 (a decode
-    step's cache row): the start read from its tensor (an indirect index), the static
-    starts as offsets. ``None`` when a run-time start opens a window wider than 1."""
+def _runtime_index(ctx: Ctx, starts, sizes, extents, dvars: list) -> list | None:
+    """The operand index of a dynamic slice (or update) at ``dvars``: a static start is an
+    offset (clamped as JAX clamps it); a run-time start of a one-wide window (a decode
+    step's cache row) is read from its tensor (an indirect index); a wider window (a
+    prefill chunk) reads its coordinates from a small index tensor ``clamp(start) + v``,
+    computed first. ``None`` for a start that is not a scalar."""
     entries = []
-    for s, k in zip(starts, sizes):
-        if isinstance(s, JView):
-            if k != 1 or s.ndim != 0:
-                return None
+    for s, k, n, v in zip(starts, sizes, extents, dvars):
+        if not isinstance(s, JView):
+            entries.append(v + min(max(int(s), 0), n - k))
+        elif s.ndim != 0:
+            return None
+        elif k == 1:
             entries.append(ctx.load(s, []))
         else:
-            entries.append(int(s))
+            pos = ctx.low.new_base("window_index", (k,), "i64")
+            start = Call("minimum", (Call("maximum", (ctx.load(s, []), Const(0))), Const(n - k)))
+            ctx.emit(pos, [("d0", k)], [Aff.var("d0")],
+                     Call("add", (Call("to_i64", (start,)), Idx(Aff.var("d0")))))
+            entries.append(ctx.load(pos, [v]))
     return entries
 
 
@@ -515,15 +597,14 @@ def dynamic_slice(ctx: Ctx) -> None:
     x = _as_view(ctx, ctx.args[0])
     sizes = ctx.params["slice_sizes"]
     if any(isinstance(s, JView) for s in ctx.args[1:]):
-        rows = _runtime_rows(ctx, ctx.args[1:], sizes)
-        if rows is None:
-            raise JaxLoweringError("a dynamic slice wider than one at a run-time position")
         if not x.is_full(ctx.low.tensors[x.base].shape):
             x = ctx.low._copy(x, "dslice_src")
         out = ctx.output()
         dims = _dims(out.shape)
         ov = _vars(dims)
-        xi = [r if not isinstance(r, int) else v + r for r, v in zip(rows, ov)]
+        xi = _runtime_index(ctx, ctx.args[1:], sizes, x.shape, ov)
+        if xi is None:
+            raise JaxLoweringError("a dynamic slice at a start that is not a scalar")
         ctx.emit(out, dims, ov, Access(x.base, tuple(xi)))
         ctx.bind(out)
         return
@@ -542,9 +623,6 @@ def dynamic_update_slice(ctx: Ctx) -> None:
         # a row at a run-time position (a KV cache written at the decode position): a
         # scatter into a copy of the operand
         upd = _as_view(ctx, upd)
-        rows = _runtime_rows(ctx, ctx.args[2:], upd.shape)
-        if rows is None:
-            raise JaxLoweringError("an update wider than one at a run-time position")
         var = ctx.eqn.invars[0]
         base = ctx.low.tensors[x.base]
         if ctx.low.read_vars.get(var, 0) == 1 and x.is_full(base.shape) \
@@ -555,7 +633,9 @@ def dynamic_update_slice(ctx: Ctx) -> None:
             ctx.low._copy_into(x, out)
         dims = _dims(upd.shape)
         uv = _vars(dims)
-        oi = [r if not isinstance(r, int) else v + r for r, v in zip(rows, uv)]
+        oi = _runtime_index(ctx, ctx.args[2:], upd.shape, x.shape, uv)
+        if oi is None:
+            raise JaxLoweringError("an update at a start that is not a scalar")
         ctx.low.add_kernel(Kernel(name=ctx.low.kernel_name(), dims=tuple(dims), out=out.base,
                                   out_index=tuple(oi), body=ctx.load(upd, uv)))
         ctx.bind(out)

@@ -508,12 +508,13 @@ class Lowering:
             self.notes.append(f"assumption: mask {t}{src} is known before the run but is not an "
                               f"affine region: the work it masks is counted dense")
         shapes = {t.name: t.shape for t in program.tensors}
+        bools = frozenset(t.name for t in program.tensors if t.dtype == "bool")
         counters, counter_notes = self._counter_seeds(state, program)
         known = propagate_known(kernels, shapes, {**seeds, **counters}, folded,
-                                state=frozenset(counters))
+                                state=frozenset(counters), bools=bools)
         # the counters' values are stated only where they changed something (a mask)
         if counters:
-            plain = propagate_known(kernels, shapes, seeds, folded)
+            plain = propagate_known(kernels, shapes, seeds, folded, bools=bools)
             if known == plain:
                 counters = {}
             else:

@@ -1,0 +1,142 @@
+"""Real JAX code nobody here wrote, built from configs with abstract parameters: a Flax linen
+ResNet-50 (the ``jax-resnet`` package) and Gemma decoders from keras-hub on the JAX backend.
+Nothing unsupported, MACs against closed forms derived from each architecture's definition,
+and validation against JAX at small sizes."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import solbound  # noqa: E402
+
+S = jax.ShapeDtypeStruct
+
+
+# --- a Flax ResNet ---------------------------------------------------------------------
+
+def _taps(n: int, k: int, s: int, pad: int) -> tuple[int, int]:
+    """(output size, valid (position, tap) pairs) along one dimension: taps that land on
+    padding are not work."""
+    n_out = (n + 2 * pad - k) // s + 1
+    return n_out, sum(1 for o in range(n_out) for t in range(k) if 0 <= o * s + t - pad < n)
+
+
+def _resnet50_macs(size: int, classes: int) -> int:
+    """ResNet-50 v1.5 (stride on the 3x3 convolution, a 1x1 projection where the shape
+    changes), per image: every convolution's valid taps times its channels, then the
+    classifier."""
+    def conv(h, cin, cout, k, s, p):
+        ho, t = _taps(h, k, s, p)
+        return ho, t * t * cin * cout
+    h, macs = conv(size, 3, 64, 7, 2, 3)
+    h = (h + 2 - 3) // 2 + 1                      # max pool 3x3, stride 2, padding 1
+    cin = 64
+    for stage, (blocks, width) in enumerate(zip([3, 4, 6, 3], [64, 128, 256, 512])):
+        for b in range(blocks):
+            s = 2 if b == 0 and stage > 0 else 1
+            macs += conv(h, cin, width, 1, 1, 0)[1]
+            h2, m = conv(h, width, width, 3, s, 1)
+            macs += m + conv(h2, width, 4 * width, 1, 1, 0)[1]
+            if cin != 4 * width or s != 1:
+                macs += conv(h, cin, 4 * width, 1, s, 0)[1]
+            h, cin = h2, 4 * width
+    return macs + 2048 * classes
+
+
+def _resnet(size, batch=1, classes=1000, real=False):
+    jax_resnet = pytest.importorskip("jax_resnet")
+    model = jax_resnet.ResNet50(n_classes=classes)
+    x = S((batch, size, size, 3), jnp.float32)
+    init = model.init if real else lambda *a: jax.eval_shape(model.init, *a)
+    variables = init(jax.random.key(0), jnp.ones(x.shape) if real else x)   # abstract: no memory
+    return (lambda v, x: model.apply(v, x, mutable=False)), (variables, x)
+
+
+def test_flax_resnet50_counts_every_valid_tap():
+    fn, args = _resnet(224, batch=2)
+    rep = solbound.analyze(fn, args)
+    assert rep.lowered.unsupported == []
+    assert rep.counts.macs == 2 * _resnet50_macs(224, 1000) == 7_896_503_808
+
+
+def test_flax_resnet50_validates_at_a_small_size():
+    # real initial variables: drawn ones would give batch norm a negative variance
+    fn, args = _resnet(32, classes=10, real=True)
+    rep = solbound.analyze(fn, args, validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.macs == _resnet50_macs(32, 10)
+
+
+# --- keras-hub Gemma on the JAX backend --------------------------------------------------
+
+def _keras_hub():
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "jax":
+        pytest.skip("keras runs another backend here")
+    return pytest.importorskip("keras_hub")
+
+
+def _backbone_fn(model, tokens: int):
+    def fn(trainable, non_trainable, ids, mask):
+        return model.stateless_call(trainable, non_trainable,
+                                    {"token_ids": ids, "padding_mask": mask})[0]
+    args = ([v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            S((1, tokens), jnp.int32), S((1, tokens), jnp.bool_))
+    return fn, args
+
+
+def _decoder_macs(*, layers, tokens, hidden, heads, kv_heads, head_dim, ffn, pairs,
+                  qk_norm=False):
+    """Projections (q, k, v, o), a gated FFN (gate, up, down), attention over the
+    ``pairs(layer)`` (query, key) pairs a layer's mask keeps (scores and the weighted sum),
+    and every RMSNorm's sum of squares (two per layer, a final one; per head for q and k
+    when ``qk_norm``)."""
+    T, H = tokens, hidden
+    proj = T * H * (heads * head_dim + 2 * kv_heads * head_dim) + T * heads * head_dim * H
+    norms = 2 * T * H + (T * (heads + kv_heads) * head_dim if qk_norm else 0)
+    return sum(proj + 3 * T * H * ffn + 2 * heads * pairs(i) * head_dim + norms
+               for i in range(layers)) + T * H
+
+
+def test_keras_hub_gemma_is_causal_and_validates():
+    keras_hub = _keras_hub()
+    T = 16
+    m = keras_hub.models.GemmaBackbone(vocabulary_size=1000, num_layers=2, num_query_heads=4,
+                                       num_key_value_heads=1, hidden_dim=256,
+                                       intermediate_dim=1024, head_dim=64)
+    rep = solbound.analyze(*_backbone_fn(m, T), validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    # keras-hub's Gemma FFN is intermediate_dim // 2 wide (gemma_decoder_block.py); the
+    # mask is min(padding, causal): a boolean padding mask is 0 or 1, so the causal
+    # triangle's T(T+1)/2 pairs are all the work
+    assert rep.counts.macs == _decoder_macs(layers=2, tokens=T, hidden=256, heads=4,
+                                            kv_heads=1, head_dim=64, ffn=512,
+                                            pairs=lambda i: T * (T + 1) // 2)
+
+
+def test_keras_hub_gemma3_sliding_window_layers_count_the_band():
+    keras_hub = _keras_hub()
+    T, W = 32, 8
+    m = keras_hub.models.Gemma3Backbone(
+        vocabulary_size=1000, image_size=None, num_layers=6, num_query_heads=4,
+        num_key_value_heads=1, hidden_dim=128, intermediate_dim=256, head_dim=32,
+        use_sliding_window_attention=True, sliding_window_size=W, vision_encoder=None)
+    rep = solbound.analyze(*_backbone_fn(m, T), validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+
+    def pairs(layer):
+        # layers with i % 6 < 5 attend within the window (key within W - 1 of the query,
+        # and causal); the sixth is global causal (gemma3_backbone.py)
+        if layer % 6 < 5:
+            return sum(min(q + 1, W) for q in range(T))
+        return T * (T + 1) // 2
+    assert rep.counts.macs == _decoder_macs(layers=6, tokens=T, hidden=128, heads=4,
+                                            kv_heads=1, head_dim=32, ffn=256, pairs=pairs,
+                                            qk_norm=True)
