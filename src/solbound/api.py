@@ -20,14 +20,19 @@ def _specs(arch) -> list[Spec]:
 
 
 def analyze_lowered(lowered, *, source: str, arch=None, precision_policy: str | Policy | None = None,
-                    timings: dict | None = None) -> Report:
-    """Counts and bounds for an already-lowered program (IR stage onwards)."""
+                    timings: dict | None = None, cache=None) -> Report:
+    """Counts and bounds for an already-lowered program (IR stage onwards). ``cache``: the
+    on-chip capacity of the cache-aware bound (a level such as ``"smem"``, a size such as
+    ``"4MiB"`` or bytes; default each chip's last-level cache)."""
+    from .bounds.fidelity import parse_cache
     t0 = time.perf_counter()
     policy = precision_policy if isinstance(precision_policy, Policy) else Policy.parse(precision_policy)
     specs = _specs(arch)
     graph = build_graph(lowered.program)
     counts = count_program(graph)
-    bounds = [b for s in specs for b in program_bounds(counts, s, policy)]
+    memo: dict = {}
+    cache = parse_cache(cache)
+    bounds = [b for s in specs for b in program_bounds(counts, s, policy, graph, cache, memo)]
     timings = dict(timings or {})
     timings["analysis_s"] = time.perf_counter() - t0
     return Report(source=source, lowered=lowered, graph=graph, counts=counts, specs=specs,
@@ -37,7 +42,7 @@ def analyze_lowered(lowered, *, source: str, arch=None, precision_policy: str | 
 def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = None,
             source: str | None = None, validate: bool = False,
             keep_experts_dispatch: bool = False, routing: str | None = None,
-            select_fraction: float | None = None, **validate_opts) -> Report:
+            select_fraction: float | None = None, cache=None, **validate_opts) -> Report:
     """Analyze ``module(*inputs)``: capture, lower to the loop IR, count, bound.
 
     ``inputs`` may be real or meta tensors; capture itself runs on fake tensors.
@@ -47,10 +52,12 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     ``"concentrated"``; see ``frontends/torch/routing.py``). ``select_fraction`` states
     how much of its input a selection whose size only the data knows keeps (``nonzero``,
     ``masked_select``, ``x[mask]``); without it such a program stops with a one-line error.
+    ``cache`` sets the on-chip capacity of the cache-aware bound (``"smem"``, ``"4MiB"``,
+    bytes; default each chip's last-level cache).
     """
     if not _is_torch_module(module) and callable(module):
         return _analyze_jax(module, inputs, arch=arch, precision_policy=precision_policy,
-                            source=source, validate=validate, **validate_opts)
+                            source=source, validate=validate, cache=cache, **validate_opts)
     from .frontends.torch.capture import export_program, input_structure, state_structure
     from .frontends.torch.lower import lower
 
@@ -67,7 +74,7 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     lowered = lower(ep, user_files, input_structure(inputs), state_structure(module))
     t2 = time.perf_counter()
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
-                          timings={"export_s": t1 - t0, "lower_s": t2 - t1})
+                          timings={"export_s": t1 - t0, "lower_s": t2 - t1}, cache=cache)
     rep.keep_experts_dispatch = keep_experts_dispatch
     rep.routing = routing
     rep.select_fraction = select_fraction
@@ -133,7 +140,7 @@ def _is_torch_module(obj) -> bool:
 
 def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
                  validate: bool = False, seed: int = 0, max_bytes=None, max_seconds=None,
-                 **_ignored) -> Report:
+                 cache=None, **_ignored) -> Report:
     """A JAX function (``fn(*args)``, args arrays or ``jax.ShapeDtypeStruct`` pytrees)."""
     try:
         from .frontends.jax.lower import lower
@@ -154,7 +161,7 @@ def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
     t0 = time.perf_counter()
     lowered = lower(fn, tuple(args))
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
-                          timings={"export_s": time.perf_counter() - t0})
+                          timings={"export_s": time.perf_counter() - t0}, cache=cache)
     if validate:
         from .frontends.jax.reference import validate_within_budget
         rep.validation = validate_within_budget(lowered, fn, tuple(args), seed=seed,
@@ -178,21 +185,21 @@ def _nnx_split(fn, args: tuple):
 def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    validate: bool = False, keep_experts_dispatch: bool = False,
                    routing: str | None = None, select_fraction: float | None = None,
-                   **validate_opts) -> Report:
+                   cache=None, **validate_opts) -> Report:
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``; a file that
     defines ``example()`` returning ``(function, args)`` (and no ``Model``) is a JAX program."""
     jax_example = _jax_example(spec)
     if jax_example is not None:
         fn, args = jax_example
         return _analyze_jax(fn, args, arch=arch, precision_policy=precision_policy, source=spec,
-                            validate=validate, **validate_opts)
+                            validate=validate, cache=cache, **validate_opts)
     from .frontends.torch.capture import load_problem
 
     problem = load_problem(spec)
     model, inputs, note = problem.build_for_capture()
     rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec,
                   keep_experts_dispatch=keep_experts_dispatch, routing=routing,
-                  select_fraction=select_fraction)
+                  select_fraction=select_fraction, cache=cache)
     if note:
         rep.lowered.program = rep.lowered.program.__class__(
             rep.lowered.program.tensors, rep.lowered.program.kernels,

@@ -19,6 +19,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="comma-separated chip ids (see `solbound chips`), 'all', or a spec .toml")
     p.add_argument("--precision-policy", default=None,
                    help="default | tf32 | fp32 | matmul=tf32,conv=fp32,attention=fp32")
+    p.add_argument("--cache", default=None, metavar="SIZE|LEVEL",
+                   help="on-chip capacity of the cache-aware bound: a size (4MiB, 512KiB) or "
+                        "a level (l2, llc, smem, regs, vmem); default each chip's last-level "
+                        "cache")
     _routing_arg(p)
 
 
@@ -49,7 +53,8 @@ def cmd_analyze(a) -> int:
         compare.PROGRESS = True         # a progress bar while the IR runs
     rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
-                         routing=a.routing, select_fraction=a.select_fraction, **_vopts(a))
+                         routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
+                         **_vopts(a))
     if a.json:
         _write(a.json, rep.to_json())
     if not a.quiet:
@@ -115,6 +120,59 @@ def cmd_explain(a) -> int:
     return 0
 
 
+def cmd_slope(a) -> int:
+    """Traffic against on-chip capacity: the program and its heaviest kernels."""
+    import json
+
+    from .analysis.cache import ProgramCache
+    from .api import analyze_source
+    rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
+                         routing=a.routing, select_fraction=a.select_fraction)
+    pc = ProgramCache(rep.graph, rep.counts)
+    caps, c = [], 64 << 10
+    while True:
+        caps.append(c)
+        if pc.traffic(c).extra == 0 or c >= (1 << 40):
+            break
+        c *= 2
+    program = [pc.traffic(c).bytes for c in caps]
+    # each kernel alone (a segment of one), the heaviest first
+    kernels = []
+    for i in range(pc.n):
+        curve = [pc.solve(i, i, c).bytes for c in caps]
+        kernels.append((i, curve))
+    kernels.sort(key=lambda kc: -kc[1][0])
+    kernels = kernels[:a.top]
+    names = [rep.counts.kernels[i].name for i, _ in kernels]
+    doc = {"schema": "solbound.slope/1", "source": rep.source, "fused_bytes": rep.counts.fused.bytes,
+           "slope": {"capacities": caps, "program": program,
+                     "segments": [{"kernel": n, "operator": rep.counts.kernels[i].opname,
+                                   "bytes": [float(b) for b in curve]}
+                                  for n, (i, curve) in zip(names, kernels)]}}
+    if a.json:
+        _write(a.json, json.dumps(doc, indent=1) + "\n")
+    if a.json != "-":
+        from rich.console import Console
+        from rich.table import Table
+        t = Table(title=f"{rep.source}: DRAM traffic against on-chip capacity "
+                        f"(fused: {rep.counts.fused.bytes:,} B)")
+        t.add_column("capacity", justify="right")
+        t.add_column("program", justify="right")
+        for n in names:
+            t.add_column(n, justify="right")
+        for j, c in enumerate(caps):
+            t.add_row(_size(c), f"{program[j]:,}", *[f"{curve[j]:,.0f}" for _, curve in kernels])
+        Console(emoji=False, highlight=False).print(t)
+    return 0
+
+
+def _size(b: int) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= div:
+            return f"{b / div:g} {unit}"
+    return f"{b} B"
+
+
 def cmd_chips(a) -> int:
     from .hardware.catalog import catalog
     for s in catalog().values():
@@ -172,6 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("kernel", nargs="?", help="kernel or operator name (omit to list)")
     ex.set_defaults(fn=cmd_explain)
 
+    sl = sub.add_parser("slope", help="DRAM traffic against on-chip capacity (ski slope)")
+    _common(sl)
+    sl.add_argument("--json", metavar="PATH", help="write the curves as JSON (- for stdout)")
+    sl.add_argument("--top", type=int, default=4, help="kernels shown beside the program")
+    sl.set_defaults(fn=cmd_slope)
     ch = sub.add_parser("chips", help="list the hardware catalog")
     ch.set_defaults(fn=cmd_chips)
 
@@ -210,9 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     from .hardware.catalog import UnknownArch
     from .bounds.roofline import PolicyError
     from .ir.text import IRSyntaxError
+    from .bounds.fidelity import CacheOptionError
     try:
         return args.fn(args)
-    except (FrontendError, UnknownArch, PolicyError, IRSyntaxError) as e:
+    except (FrontendError, UnknownArch, PolicyError, IRSyntaxError, CacheOptionError) as e:
         return _err(str(e))
     except BrokenPipeError:
         return 0

@@ -130,6 +130,9 @@ class Bound:
     serial_seconds: float | None = None
     # physical unit -> seconds (the sum over the pipes that run on it); T_compute is the max
     unit_seconds: dict[str, float] = field(default_factory=dict)
+    cache_bytes: int | None = None       # the on-chip capacity a cache-aware bound assumes
+    explanation: str = ""                # how the fidelity arrived at its bytes
+    detail: object = field(default=None, repr=False)
 
     @property
     def binding_unit(self) -> str:
@@ -154,7 +157,11 @@ def _compute(work: dict[str, float], spec: Spec, notes: list[str]) -> tuple[floa
     return (max(per_unit.values()) if per_unit else 0.0), per_pipe, peaks, per_unit
 
 
-def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy) -> list[Bound]:
+def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
+                   cache=None, memo: dict | None = None) -> list[Bound]:
+    """One bound per fidelity (``bounds/fidelity.py``); a fidelity that needs the graph is
+    skipped without one."""
+    from .fidelity import FIDELITIES, FidelityInput
     work: dict[str, float] = {}
     for k in pc.kernels:
         for p, n in kernel_pipe_work(k, policy).items():
@@ -163,10 +170,14 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy) -> list[Bound]
     t_c, per_pipe, peaks, per_unit = _compute(work, spec, notes)
     total_flops = sum(pc.flops.values())
     out = []
-    for mode, traffic in (("unfused", pc.unfused), ("fused", pc.fused)):
+    x = FidelityInput(pc, graph, spec, cache, memo if memo is not None else {})
+    for mode, fid in FIDELITIES.items():
+        if graph is None and mode not in ("unfused", "fused"):
+            continue
+        traffic = fid.traffic(x)
         t_m = traffic.bytes / spec.bandwidth
         serial = None
-        if mode == "unfused":
+        if fid.serial:
             serial = 0.0
             for g in pc.groups:
                 gw: dict[str, float] = {}
@@ -178,7 +189,8 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy) -> list[Bound]
         out.append(Bound(spec.id, mode, t, t_c, t_m, "compute" if t_c >= t_m else "memory",
                          traffic.bytes, total_flops,
                          total_flops / traffic.bytes if traffic.bytes else float("inf"),
-                         per_pipe, peaks, spec.bandwidth, list(notes), serial, per_unit))
+                         per_pipe, peaks, spec.bandwidth, list(notes), serial, per_unit,
+                         traffic.cache_bytes, traffic.explanation, traffic.detail))
     return out
 
 

@@ -62,6 +62,28 @@ class Spec:
             return {"sfu": "sfu", "vector_fp64": "fp64"}[pipe]
         return "vector"
 
+    def dram_cache(self) -> str:
+        """The on-chip level whose capacity bounds DRAM traffic by default: the last level
+        before DRAM (AMD's Infinity Cache ``llc``, else ``l2``, else a TPU's ``vmem`` or
+        ``cmem``).
+
+        >>> load_spec("h100-sxm").dram_cache(), load_spec("mi300x").dram_cache()
+        ('l2', 'llc')
+        """
+        for level in ("llc", "l2", "cmem", "vmem"):
+            if self.onchip.get(level):
+                return level
+        raise ValueError(f"{self.id} lists no on-chip cache level (onchip.l2, llc, vmem or cmem)")
+
+    def capacity(self, level: str | None = None) -> float:
+        """Bytes of on-chip level ``level`` (default: ``dram_cache()``): ``l2``, ``llc``,
+        ``smem`` (shared memory per SM times SMs), ``regs`` (register files), ``vmem``..."""
+        level = level or self.dram_cache()
+        if not self.onchip.get(level):
+            have = ", ".join(sorted(self.onchip)) or "none"
+            raise ValueError(f"{self.id} has no on-chip level {level!r} (it lists: {have})")
+        return self.onchip[level]
+
     def source(self, key: str) -> str:
         return self.entries.get(key, {}).get("source", "")
 

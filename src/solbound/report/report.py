@@ -138,7 +138,10 @@ class Report:
                 "intensity": _num(b.intensity), "pipe_seconds": b.pipe_seconds,
                 "unit_seconds": b.unit_seconds, "binding_unit": b.binding_unit,
                 "peaks": b.peaks, "bandwidth": b.bandwidth, "notes": b.notes,
+                "explanation": b.explanation,
                 **({"serial_seconds": b.serial_seconds} if b.serial_seconds is not None else {}),
+                **({"cache_bytes": b.cache_bytes} if b.cache_bytes is not None else {}),
+                **({"segments": _segments(b.detail)} if b.detail is not None else {}),
             } for b in self.bounds],
             "archs": [{
                 "id": s.id, "name": s.name,
@@ -146,6 +149,10 @@ class Report:
                               "uncertain": s.uncertain("dram.bandwidth")},
                 "peaks": {k: {"value": v, "source": s.source(k), "uncertain": s.uncertain(k)}
                           for k, v in sorted(s.peaks.items())},
+                "onchip": {k: {"value": v, "source": s.source(f"onchip.{k}"),
+                               "uncertain": s.uncertain(f"onchip.{k}")}
+                           for k, v in sorted(s.onchip.items())},
+                "dram_cache": s.dram_cache() if s.onchip else None,
             } for s in self.specs],
             "operators": [{
                 "op": g.op, "name": g.opname, "module": self.module_of(g.op), "source": g.src,
@@ -240,14 +247,19 @@ class Report:
                       f"special {_si(pc.flops['special'])})")
         console.print(f"  DRAM bytes: unfused {_si(pc.unfused.bytes)}B, fused {_si(pc.fused.bytes)}B"
                       f"   policy: {self.policy.describe()}")
+        for b in self.bounds:
+            if b.cache_bytes is not None:
+                console.print(f"  {e(b.arch)} {e(b.mode)}: {_si(b.bytes)}B with "
+                              f"{_si(b.cache_bytes)}B on chip ({e(b.explanation)})")
         t = Table(title="Speed-of-light bounds", show_lines=False)
-        for col in ("arch", "mode", "time", "compute", "memory", "bound", "FLOP/B"):
+        for col in ("arch", "mode", "time", "compute", "memory", "bytes", "bound", "FLOP/B"):
             t.add_column(col, justify="right" if col not in ("arch", "mode", "bound") else "left")
         for b in self.bounds:
             bound = f"compute ({b.binding_unit})" if b.bound == "compute" and b.binding_unit \
                 else b.bound
             t.add_row(b.arch, b.mode, _t(b.seconds), _t(b.compute_seconds), _t(b.memory_seconds),
-                      bound, f"{b.intensity:.3g}" if math.isfinite(b.intensity) else "-")
+                      _si(b.bytes) + "B", bound,
+                      f"{b.intensity:.3g}" if math.isfinite(b.intensity) else "-")
         console.print(t)
         if self.specs:
             spec = self.specs[0]
@@ -276,6 +288,13 @@ class Report:
             v = self.validation
             console.print(f"validation: [bold]{e(str(v.get('status')))}[/bold] "
                           + e(v.get("summary") or v.get("reason") or ""))
+
+
+def _segments(detail) -> list[dict]:
+    """The cache-aware schedule: each segment's kernels, bytes and tiling."""
+    return [{"first": s.first, "last": s.last, "bytes": s.bytes, "tiles": s.tiles,
+             "order": list(s.order), "exact": s.exact}
+            for s in getattr(detail, "segments", [])]
 
 
 def _si(x: float) -> str:

@@ -1,0 +1,331 @@
+"""The cache-aware fused traffic: the least DRAM traffic of a program on a chip whose
+on-chip buffer holds ``S`` bytes, minimized over a family of fused, tiled schedules
+(Orojenesis-style; the nest model and its search are ``analysis/tiling.py``).
+
+The family:
+
+* The program's kernels, in program order, are cut into **segments** of consecutive
+  kernels (every cut is tried, by dynamic programming; a segment spans at most
+  ``MAX_SEGMENT`` kernels).
+* A segment of **one kernel** is one tiled loop nest over its loop dimensions, reductions
+  included (a reduction loop outside the output's innermost loop spills partial sums).
+* A segment of **several kernels** tiles the loop dimensions that are free (not reduced)
+  in every one of its kernels and aligned through its intermediates (a producer's output
+  coordinate read at the same coordinate by one loop variable of the consumer), and the
+  first kernel's reductions, whose tile loops run inside all the others (its consumers
+  see only complete sums), and the last kernel's reductions of dimensions the others keep
+  (nothing in the segment reads those sums: they accumulate in its output tile); every
+  other dimension is held whole inside a tile. A matmul and its epilogue tile over the output;
+  two chained products (attention's ``(q k^T) v``) tile over the rows they share, the
+  intermediate's row tile held on chip. Intermediates produced and consumed inside a
+  segment cost capacity, never traffic; a segment with no such dimension must fit whole.
+* Kernels the nest model does not describe (library routines, scatters, scans, sequential
+  loops, reads at run-time positions) move their operands once, and fuse with their
+  neighbours only by fitting whole.
+* Tensors from before a segment are read by it; tensors it produces that are used after it,
+  program outputs and updated state are written. What the kernel just before a segment
+  read or wrote is still on chip when the segment starts, up to the capacity: the segment
+  reads it from there (a cache keeps what was touched last).
+
+The result is reported as the fused traffic plus the extra traffic of the best schedule
+(its re-reads and spills) over the same accounting with an unbounded buffer: so it is never
+below the fused traffic, equals it once the program fits, and never rises with capacity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..graph.einsum import Graph
+from ..ir.model import DRAM_ROLES, Access
+from .counts import ProgramCounts, _dedupe, _union
+from .tiling import Nest, Operand, best_traffic
+
+MAX_SEGMENT = 12
+
+
+@dataclass
+class Segment:
+    first: int
+    last: int
+    bytes: float
+    tiles: dict[str, int] = field(default_factory=dict)
+    order: tuple[str, ...] = ()
+    exact: bool = True
+
+
+@dataclass
+class CacheTraffic:
+    capacity: int
+    bytes: int                       # fused + extra
+    extra: int                       # re-reads and spills over the unbounded-buffer traffic
+    segments: list[Segment]
+    exact: bool                      # every nest searched exhaustively
+    explanation: str = ""
+
+
+def _plain(g: Graph, i: int) -> bool:
+    k = g.nodes[i].kernel
+    return not (k.lib or k.scatter or k.scan or k.loop is not None or k.out2 is not None
+                or any(a.indirect for a in g.nodes[i].operands))
+
+
+class _Find:
+    def __init__(self):
+        self.parent: dict = {}
+
+    def find(self, x):
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a, b) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+class ProgramCache:
+    """Segments of one program: their nests, solved once per capacity."""
+
+    def __init__(self, g: Graph, pc: ProgramCounts):
+        self.g, self.pc = g, pc
+        self.tensors = g.program.tensor_map
+        self.n = len(g.nodes)
+        self.plain = [_plain(g, i) for i in range(self.n)]
+        self._nests: dict[tuple[int, int], Nest | None] = {}
+        self._solved: dict[tuple, object] = {}
+
+    # --- segment structure ---------------------------------------------------------
+    def _external_reads(self, i: int, j: int) -> dict[str, list]:
+        """Tensor -> [(kernel, access key, footprint, access)] read by kernels i..j from
+        outside the segment (produced before it, or program inputs and state)."""
+        out: dict[str, list] = {}
+        produced: set[str] = set()
+        for m in range(i, j + 1):
+            node, kc = self.g.nodes[m], self.pc.kernels[m]
+            accs = {a.tensor: a for a in node.operands}
+            for t, lst in kc.reads.items():
+                if t in produced:
+                    continue
+                for key, fp in lst:
+                    out.setdefault(t, []).append((m, key, fp, accs.get(t)))
+            produced.update(node.kernel.outputs)
+        return out
+
+    def _writes(self, i: int, j: int) -> dict[str, tuple[str, list]]:
+        """Tensor -> (kind, [(kernel, footprint)]) written by kernels i..j: ``out`` when used
+        after the segment (or a program output, or DRAM state), else ``mid``."""
+        res: dict[str, tuple[str, list]] = {}
+        for m in range(i, j + 1):
+            for t, fp in self.pc.kernels[m].writes.items():
+                d = self.tensors[t]
+                later = any(c > j or c < i for c in self.g.consumers.get(t, []))
+                kind = "out" if (d.role == "output" or d.role in DRAM_ROLES or later) else "mid"
+                prev = res.get(t, ("mid", []))
+                res[t] = ("out" if "out" in (kind, prev[0]) else "mid", prev[1] + [(m, fp)])
+        return res
+
+    def _classes(self, i: int, j: int):
+        """Loop-dimension classes of kernels i..j: (find structure, tiled class -> extent)."""
+        uf = _Find()
+        nodes = [self.g.nodes[m] for m in range(i, j + 1)]
+        if i == j:
+            k = nodes[0].kernel
+            return uf, {uf.find((i, v)): n for v, n in k.dims if n > 1}
+        writer: dict[str, int] = {}
+        for m in range(i, j + 1):
+            k = self.g.nodes[m].kernel
+            for a in self.g.nodes[m].operands:
+                p = writer.get(a.tensor)
+                if p is None:
+                    continue
+                pk = self.g.nodes[p].kernel
+                for e_out, e_in in zip(pk.out_index, a.index):
+                    if isinstance(e_out, Access) or isinstance(e_in, Access):
+                        continue
+                    vp, vq = e_out.single_var(), e_in.single_var()
+                    if vp and vq and pk.extents.get(vp) == k.extents.get(vq):
+                        uf.union((p, vp), (m, vq))
+            for o in k.outputs:
+                writer[o] = m
+        common = None
+        for m in range(i, j + 1):
+            k = self.g.nodes[m].kernel
+            if m not in (i, j) and all(n == 1 for _, n in k.dims):
+                continue                  # a scalar in the middle (a constant) constrains nothing
+            free = {uf.find((m, v)): k.extents[v] for v in k.out_vars if k.extents.get(v, 1) > 1}
+            if m == j and self.plain[m]:
+                # the last kernel may reduce a dimension the others keep: nothing in the
+                # segment reads its sums, which accumulate in its output tile
+                free.update({uf.find((m, v)): n for v, n in k.dims
+                             if v not in k.out_vars and n > 1})
+            common = free if common is None else {c: n for c, n in common.items()
+                                                 if free.get(c) == n}
+        return uf, common or {}
+
+    def nest(self, i: int, j: int) -> Nest | None:
+        """The loop nest of segment i..j (``None``: a single kernel the model does not
+        describe, which moves its operands once)."""
+        if (i, j) in self._nests:
+            return self._nests[(i, j)]
+        if i == j and not self.plain[i]:
+            self._nests[(i, j)] = None
+            return None
+        uf, tiled = self._classes(i, j)
+        inner = {}
+        if i < j and self.plain[i]:
+            # the first kernel's reductions, tiled inside every other loop: its consumers
+            # in the segment read only complete sums
+            k0 = self.g.nodes[i].kernel
+            inner = {uf.find((i, v)): n for v, n in k0.dims
+                     if v not in k0.out_vars and n > 1}
+            tiled = {**tiled, **inner}
+        names = {c: f"t{n}" for n, c in enumerate(sorted(tiled, key=str))}
+        ops: list[Operand] = []
+        itemsize = 1
+
+        def coords(m: int, index) -> tuple:
+            k = self.g.nodes[m].kernel
+            out = []
+            for e in index:
+                if isinstance(e, Access):
+                    out.append(())
+                    continue
+                entry, extra = [], 0
+                for v, c in e.terms:
+                    cls = uf.find((m, v))
+                    if cls in names and self.plain[m]:
+                        entry.append((names[cls], c))
+                    else:
+                        extra += abs(c) * (k.count_extents.get(v, 1) - 1)
+                if entry and extra:
+                    entry.append(("", extra))
+                out.append(tuple(entry))
+            return tuple(out)
+
+        for t, lst in self._external_reads(i, j).items():
+            d = self.tensors[t]
+            u = _union(_dedupe([(key, fp) for _, key, fp, _ in lst]), d.numel)
+            # the access that indexes the most tiled dimensions (fewest re-reads)
+            best = max(((m, a) for m, _, _, a in lst if a is not None),
+                       key=lambda ma: len({x for c in coords(*ma[:1], ma[1].index)
+                                           for x, _ in c if x}), default=None)
+            cs = coords(best[0], best[1].index) if best else ()
+            ops.append(Operand(t, u.elements * d.itemsize, "in", cs,
+                               tuple(d.shape) if len(d.shape) == len(cs) else ()))
+            itemsize = max(itemsize, d.itemsize)
+        for t, (kind, lst) in self._writes(i, j).items():
+            d = self.tensors[t]
+            u = _union([fp for _, fp in lst], d.numel)
+            m = lst[-1][0]
+            cs = coords(m, self.g.nodes[m].kernel.out_index)
+            ops.append(Operand(t, u.elements * d.itemsize, kind, cs,
+                               tuple(d.shape) if len(d.shape) == len(cs) else ()))
+            itemsize = max(itemsize, d.itemsize)
+        dims = tuple((names[c], n) for c, n in sorted(tiled.items(), key=lambda x: names[x[0]]))
+        nest = Nest(dims, tuple(ops), itemsize, tuple(sorted(names[c] for c in inner)))
+        self._nests[(i, j)] = nest
+        return nest
+
+    def once(self, i: int, j: int) -> int:
+        """Traffic of segment i..j with an unbounded buffer: external reads and writes once."""
+        total = 0
+        for t, lst in self._external_reads(i, j).items():
+            d = self.tensors[t]
+            total += _union(_dedupe([(key, fp) for _, key, fp, _ in lst]), d.numel).elements \
+                * d.itemsize
+        for t, (kind, lst) in self._writes(i, j).items():
+            if kind == "out":
+                d = self.tensors[t]
+                total += _union([fp for _, fp in lst], d.numel).elements * d.itemsize
+        return total
+
+    def carried(self, i: int, j: int, capacity: float) -> float:
+        """Bytes segment i..j reads that the kernel before it just read or wrote, up to the
+        capacity: still on chip when the segment starts (a cache keeps what was touched
+        last), so not read from DRAM again."""
+        if i == 0:
+            return 0.0
+        touched = set(self.pc.kernels[i - 1].reads) | set(self.pc.kernels[i - 1].writes)
+        ext = self._external_reads(i, j)
+        b = 0
+        for t in touched & set(ext):
+            d = self.tensors[t]
+            b += _union(_dedupe([(key, fp) for _, key, fp, _ in ext[t]]), d.numel).elements \
+                * d.itemsize
+        return float(min(capacity, b))
+
+    def solve(self, i: int, j: int, capacity: float):
+        nest = self.nest(i, j)
+        if nest is None:
+            return Segment(i, j, self.once(i, j))
+        key = (nest_key(nest), capacity)
+        r = self._solved.get(key)
+        if r is None:
+            r = best_traffic(nest, capacity)
+            self._solved[key] = r
+        return Segment(i, j, r.bytes, r.tiles, r.order, r.exact)
+
+    # --- the program ----------------------------------------------------------------------
+    def traffic(self, capacity: int) -> CacheTraffic:
+        fused = self.pc.fused.bytes
+        if self.n == 0:
+            return CacheTraffic(capacity, fused, 0, [], True, "no kernels")
+        base = self.once(0, self.n - 1)
+        whole = self.nest(0, self.n - 1) if self.n <= MAX_SEGMENT else None
+        best: list[tuple[float, list[Segment]]] = [(0.0, [])]
+        for j in range(self.n):
+            cand = (math.inf, [])
+            for i in range(j, max(-1, j - MAX_SEGMENT), -1):
+                seg = self.solve(i, j, capacity)
+                if seg.bytes == math.inf and i < j:
+                    break                 # a longer segment is no easier to hold
+                total = best[i][0] + seg.bytes - self.carried(i, j, capacity)
+                if total < cand[0]:
+                    cand = (total, best[i][1] + [seg])
+            best.append(cand)
+        total, segs = best[self.n]
+        if total == math.inf:
+            raise ValueError(f"no schedule fits in {capacity} bytes")
+        del whole
+        extra = max(0, int(math.ceil(total - base)))
+        exact = all(s.exact for s in segs)
+        fused_segments = sum(1 for s in segs if s.last > s.first)
+        expl = (f"{len(segs)} segment(s) ({fused_segments} fusing several kernels), "
+                f"{extra:,} B of re-reads and spills over the fused traffic with "
+                f"{_mib(capacity)} on chip")
+        return CacheTraffic(capacity, fused + extra, extra, segs, exact, expl)
+
+    def slope(self, capacities: list[int]) -> list[tuple[int, int]]:
+        return [(c, self.traffic(c).bytes) for c in capacities]
+
+
+def nest_key(nest: Nest) -> tuple:
+    """A key for a nest's solution that ignores tensor names."""
+    return (nest.dims, tuple((o.nbytes, o.kind, o.coords, o.spans) for o in nest.operands),
+            nest.itemsize, nest.inner)
+
+
+def slope_capacities(pc: ProgramCounts, start: int = 64 << 10, stop: int | None = None,
+                     cache: ProgramCache | None = None) -> list[int]:
+    """Powers of two from ``start`` up to where the traffic meets the fused traffic."""
+    caps, c = [], start
+    while True:
+        caps.append(c)
+        if cache is not None and cache.traffic(c).extra == 0:
+            break
+        if stop is not None and c >= stop:
+            break
+        if c > (1 << 44):
+            break
+        c *= 2
+    return caps
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.4g} MiB" if b >= 2**20 else f"{b / 2**10:.4g} KiB"
+
+
+__all__ = ["ProgramCache", "CacheTraffic", "Segment", "slope_capacities", "MAX_SEGMENT"]
