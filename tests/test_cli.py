@@ -26,7 +26,7 @@ def test_analyze_json_schema_and_determinism(tmp_path):
     assert t["flops"] == sum(t["flops_by_unit"].values())
     assert t["bytes"]["unfused"] > t["bytes"]["fused"] > 0
     assert {(x["arch"], x["mode"]) for x in d["bounds"]} == {
-        ("h100-sxm", "unfused"), ("h100-sxm", "fused"), ("b200", "unfused"), ("b200", "fused")}
+        (a, m) for a in ("h100-sxm", "b200") for m in ("unfused", "fused", "cache-aware")}
     for x in d["bounds"]:
         assert x["seconds"] == max(x["compute_seconds"], x["memory_seconds"])
         assert x["bound"] in ("compute", "memory") and x["peaks"] and x["bandwidth"] > 0
