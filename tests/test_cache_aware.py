@@ -201,3 +201,37 @@ def test_slope_command_writes_the_curves(tmp_path):
     assert s["program"][-1] == doc["fused_bytes"]                 # up to where it meets fused
     assert all(a >= b for a, b in zip(s["program"], s["program"][1:]))
     assert s["segments"] and all(len(k["bytes"]) == len(s["capacities"]) for k in s["segments"])
+
+
+def test_chains_without_reuse_are_streamed_once_whatever_the_capacity():
+    # a two-pass variance over a tensor far larger than the buffer: mean, then the sum of
+    # squared deviations, then the normalization. A compiler streams it (moments in one
+    # pass); no re-read is charged, so the bound stays below what such kernels measure
+    text = '''# solbound IR v1
+x = input(f32[64, 4096])
+y = output(f32[64, 4096])
+mu = intermediate(f32[64])
+var = intermediate(f32[64])
+
+@kernel(c=64, r=4096)
+@origin(op="mean")
+def k1():
+    mu[c] = sum(x[c, r])
+
+@kernel(c=64, r=4096)
+@origin(op="var")
+def k2():
+    var[c] = sum((x[c, r] - mu[c]) * (x[c, r] - mu[c]))
+
+@kernel(c=64, r=4096)
+@origin(op="norm")
+def k3():
+    y[c, r] = (x[c, r] - mu[c]) * rsqrt(var[c])
+'''
+    pc, cache = _program(text)
+    assert not any(cache.reuse)              # (x - mu)^2: both factors vary along c and r
+    r = cache.traffic(4 << 10)               # 4 KiB: a row of x does not even fit
+    assert r.bytes == pc.fused.bytes == 2 * 64 * 4096 * 4
+    # a matmul's factors each stay constant along a dimension the other moves along
+    _, mlp = _program(MLP)
+    assert mlp.reuse == [True, False, True]

@@ -432,3 +432,21 @@ def test_a_prefill_chunk_at_a_run_time_position():
     cache = rep.lowered.inputs[0]["ir"]
     assert rep.counts.fused.writes[cache] == 2 * 4 * 8 * 4        # in place, the chunk only
     assert rep.counts.fused.reads.get(cache, 0) == 0              # the window just written
+
+
+def test_batched_gathers_and_windows_at_run_time_starts():
+    # take_along_axis: a gather with batching dimensions (one element per index)
+    idx = jnp.array([[0, 7, 3], [1, 1, 2], [5, 6, 7], [0, 0, 0]], jnp.int32)
+    rep = solbound.analyze(lambda x, i: jnp.take_along_axis(x, i, axis=1) * 2.0,
+                           (S((4, 8), F32), idx), validate=True)
+    assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+    # the product, and take_along_axis's wrap of negative indices (lt, add, select)
+    assert rep.counts.flops["vector"] == 12 + 3 * 12
+    # a vmapped dynamic slice: a window of 3 from each row's own start (clamped by JAX)
+    rows = jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, 3))
+    for starts in ([0, 2, 5, 7], [6, 1, 0, 3]):
+        rep = solbound.analyze(rows, (S((4, 8), F32), jnp.array(starts, jnp.int32)),
+                               validate=True)
+        assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+    x = rep.lowered.inputs[0]["ir"]
+    assert rep.counts.fused.reads[x] <= 4 * 8 * 4

@@ -19,9 +19,14 @@ The family:
   two chained products (attention's ``(q k^T) v``) tile over the rows they share, the
   intermediate's row tile held on chip. Intermediates produced and consumed inside a
   segment cost capacity, never traffic; a segment with no such dimension must fit whole.
+* A segment without a contraction that has reuse (``_reuse``) moves its external operands
+  once, whatever the capacity: maps, reductions, scans and routines are streamed by
+  compilers, which recompute rather than store and rewrite multi-pass statistics into one
+  pass. Only what reuse forces is charged: a contraction's re-reads, and the spill of its
+  result where no fused tile holds it.
 * Kernels the nest model does not describe (library routines, scatters, scans, sequential
-  loops, reads at run-time positions) move their operands once, and fuse with their
-  neighbours only by fitting whole.
+  loops, reads at run-time positions) move their operands once, and fuse with a
+  contraction only by fitting whole.
 * Tensors from before a segment are read by it; tensors it produces that are used after it,
   program outputs and updated state are written. What the kernel just before a segment
   read or wrote is still on chip when the segment starts, up to the capacity: the segment
@@ -38,7 +43,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..graph.einsum import Graph
-from ..ir.model import DRAM_ROLES, Access
+from ..ir.model import DRAM_ROLES, Access, Call, Idx, walk
 from .counts import ProgramCounts, _dedupe, _union
 from .tiling import Nest, Operand, best_traffic
 
@@ -63,6 +68,32 @@ class CacheTraffic:
     segments: list[Segment]
     exact: bool                      # every nest searched exhaustively
     explanation: str = ""
+
+
+def _reuse(g: Graph, i: int) -> bool:
+    """A contraction with reuse: it sums over a dimension and some operand does not vary
+    along one of its loop dimensions (a matmul's A along n), so a finite buffer forces
+    re-reads whatever the schedule (the I/O lower bounds of such products)."""
+    k = g.nodes[i].kernel
+    if k.reduce != "sum" or not _plain(g, i):
+        return False
+    body = k.body
+    while isinstance(body, Call) and body.op.startswith("to_"):
+        body = body.args[0]
+    if not (isinstance(body, Call) and body.op == "mul" and len(body.args) == 2):
+        return False
+    loop = {v for v, e in k.dims if e > 1}
+
+    def varies(e) -> set[str]:
+        out: set[str] = set()
+        for x in walk(e):
+            if isinstance(x, Access):
+                out.update(v for a in x.index if not isinstance(a, Access) for v in a.vars)
+            elif isinstance(x, Idx):
+                out.update(x.expr.vars)
+        return out
+    # each factor is constant along some loop dimension the other moves along
+    return all(loop - varies(f) for f in body.args)
 
 
 def _plain(g: Graph, i: int) -> bool:
@@ -94,6 +125,12 @@ class ProgramCache:
         self.tensors = g.program.tensor_map
         self.n = len(g.nodes)
         self.plain = [_plain(g, i) for i in range(self.n)]
+        self.reuse = [_reuse(g, i) for i in range(self.n)]
+        # the first kernel of the run of kernels without reuse that ends at each kernel
+        self.run_start = []
+        for i in range(self.n):
+            self.run_start.append(i if self.reuse[i] else
+                                  (self.run_start[i - 1] if i and not self.reuse[i - 1] else i))
         self._nests: dict[tuple[int, int], Nest | None] = {}
         self._solved: dict[tuple, object] = {}
 
@@ -258,6 +295,11 @@ class ProgramCache:
         return float(min(capacity, b))
 
     def solve(self, i: int, j: int, capacity: float):
+        if not any(self.reuse[i:j + 1]):
+            # maps, reductions, scans and routines: a compiler streams them in one pass
+            # (recomputing what it does not keep, rewriting multi-pass statistics into one),
+            # so they move their external operands once whatever the capacity
+            return Segment(i, j, self.once(i, j))
         nest = self.nest(i, j)
         if nest is None:
             return Segment(i, j, self.once(i, j))
@@ -278,7 +320,10 @@ class ProgramCache:
         best: list[tuple[float, list[Segment]]] = [(0.0, [])]
         for j in range(self.n):
             cand = (math.inf, [])
-            for i in range(j, max(-1, j - MAX_SEGMENT), -1):
+            starts = list(range(j, max(-1, j - MAX_SEGMENT), -1))
+            if self.run_start[j] < j - MAX_SEGMENT + 1 and (j + 1 == self.n or self.reuse[j + 1]):
+                starts.append(self.run_start[j])    # a whole run without reuse, at its end
+            for i in starts:
                 seg = self.solve(i, j, capacity)
                 if seg.bytes == math.inf and i < j:
                     break                 # a longer segment is no easier to hold

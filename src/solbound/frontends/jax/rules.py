@@ -539,22 +539,55 @@ def _indexed_coords(ctx: Ctx, ndim: int, ind: JView, batch: list, window, index_
 
 @rule("gather")
 def gather(ctx: Ctx) -> None:
-    """``gather`` as jnp indexing and ``take`` emit it: the indexed operand dimensions are
-    collapsed (one element each, an indirect access through the index tensor), the others
-    are read whole or from 0 (offset dimensions). Indices are assumed in bounds."""
+    """``gather`` in the modes jnp indexing, ``take``, ``take_along_axis`` and vmapped
+    dynamic slices emit. Per operand dimension: a batching dimension follows its paired
+    index batch dimension; an indexed (start-mapped) one is read through the index tensor,
+    one element when collapsed, or a window from a run-time start (coordinates from a small
+    index tensor ``clamp(start) + w``, clamped as JAX clamps); any other dimension is
+    walked by the window from 0. Collapsed indices are assumed in bounds."""
     x, ind = _as_view(ctx, ctx.args[0]), _as_view(ctx, ctx.args[1])
     dn = ctx.params["dimension_numbers"]
-    if dn.operand_batching_dims or not set(dn.start_index_map) <= set(dn.collapsed_slice_dims):
-        raise JaxLoweringError("gather of windows at data-dependent starts or batched operands")
+    sizes = [int(n) for n in ctx.params["slice_sizes"]]
     out = ctx.output()
     dims = _dims(out.shape)
     ov = _vars(dims)
-    batch_pos = [i for i in range(out.ndim) if i not in dn.offset_dims]
+    offset_dims = [int(d) for d in dn.offset_dims]
+    batch_pos = [i for i in range(out.ndim) if i not in offset_dims]
     bvars = [ov[i] for i in batch_pos]
-    xi = _indexed_coords(ctx, x.ndim, ind, bvars, iter(ov[i] for i in dn.offset_dims),
-                         dn.start_index_map, dn.collapsed_slice_dims)
+    window = iter(ov[i] for i in offset_dims)
+    smap = [int(d) for d in dn.start_index_map]
+    collapsed = {int(d) for d in dn.collapsed_slice_dims}
+    obatch = [int(d) for d in dn.operand_batching_dims]
+    ibatch = [int(d) for d in dn.start_indices_batching_dims]
+    vec = ind.ndim == len(bvars) + 1            # a trailing index-vector dimension
+
+    def start(m):
+        return ctx.load(ind, bvars + [Aff.lit(m)]) if vec else ctx.load(ind, bvars)
     if not x.is_full(ctx.low.tensors[x.base].shape):
         x = ctx.low._copy(x, "gather_src")
+    xi = []
+    for d in range(x.ndim):
+        if d in obatch:
+            xi.append(bvars[ibatch[obatch.index(d)]])
+        elif d in smap and d in collapsed:
+            xi.append(start(smap.index(d)))
+        elif d in smap:
+            w = next(window)
+            k, n = sizes[d], x.shape[d]
+            # the window's coordinates: one per (batch point, window offset)
+            bshape = [ctx.eqn.outvars[0].aval.shape[i] for i in batch_pos]
+            pos = ctx.low.new_base("window_index", tuple(bshape) + (k,), "i64")
+            pd = [(f"d{i}", int(nb)) for i, nb in enumerate(bshape)] + [("w", k)]
+            pv = _vars(pd)
+            st = ctx.load(ind, pv[:-1] + [Aff.lit(smap.index(d))]) if vec \
+                else ctx.load(ind, pv[:-1])
+            clamped = Call("minimum", (Call("maximum", (st, Const(0))), Const(n - k)))
+            ctx.emit(pos, pd, pv, Call("add", (Call("to_i64", (clamped,)), Idx(Aff.var("w")))))
+            xi.append(ctx.load(pos, bvars + [w]))
+        elif d in collapsed:
+            xi.append(Aff.lit(0))
+        else:
+            xi.append(next(window))
     ctx.emit(out, dims, ov, Access(x.base, tuple(xi)))
     ctx.bind(out)
 
