@@ -235,3 +235,26 @@ def k3():
     # a matmul's factors each stay constant along a dimension the other moves along
     _, mlp = _program(MLP)
     assert mlp.reuse == [True, False, True]
+
+
+def test_against_accelforge_on_a_matmul_a_convolution_and_a_chain():
+    # AccelForge 1.0.467's FFM mapper on the same workloads (bench/accelforge_curves.py,
+    # stored in bench/data/accelforge_curves.json): one buffer between DRAM and compute
+    import os
+    import sys
+    root = os.path.join(os.path.dirname(__file__), "..", "bench")
+    sys.path.insert(0, root)
+    try:
+        from accelforge_compare import WORKLOADS
+    finally:
+        sys.path.remove(root)
+    ref = json.load(open(os.path.join(root, "data", "accelforge_curves.json")))["workloads"]
+    for name, text in WORKLOADS.items():
+        _, cache = _program(text)
+        for cap, theirs in zip(ref[name]["capacities"], ref[name]["dram_bytes"]):
+            ours = cache.traffic(cap).bytes
+            assert ours <= theirs                      # never above a mapping that exists
+            if name != "conv" and cap >= 32 << 10:
+                assert ours == theirs, (name, cap)
+            if name == "conv" and cap >= 256 << 10:
+                assert ours == theirs, (name, cap)

@@ -5,7 +5,9 @@ import importlib
 
 import pytest
 
-MODULES = ["solbound.ir.affine", "solbound.ir.demand", "solbound.analysis.footprint"]
+MODULES = ["solbound.ir.affine", "solbound.ir.demand", "solbound.analysis.footprint",
+           "solbound.analysis.tiling", "solbound.bounds.fidelity", "solbound.bounds.provision",
+           "solbound.bounds.opportunities", "solbound.hardware.catalog"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -19,6 +19,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="comma-separated chip ids (see `solbound chips`), 'all', or a spec .toml")
     p.add_argument("--precision-policy", default=None,
                    help="default | tf32 | fp32 | matmul=tf32,conv=fp32,attention=fp32")
+    p.add_argument("--chip-file", action="append", default=None, metavar="TOML",
+                   help="a chip of your own (the catalog's schema; every field checked); "
+                        "may repeat")
     p.add_argument("--cache", default=None, metavar="SIZE|LEVEL",
                    help="on-chip capacity of the cache-aware bound: a size (4MiB, 512KiB) or "
                         "a level (l2, llc, smem, regs, vmem); default each chip's last-level "
@@ -51,7 +54,7 @@ def cmd_analyze(a) -> int:
     if a.validate and not a.quiet and sys.stderr.isatty():
         from .validate import compare
         compare.PROGRESS = True         # a progress bar while the IR runs
-    rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          **_vopts(a))
@@ -173,6 +176,95 @@ def _size(b: int) -> str:
     return f"{b} B"
 
 
+def _archs(a) -> str | None:
+    """``--arch`` plus any ``--chip-file`` (a user's own chip, checked field by field)."""
+    files = list(getattr(a, "chip_file", None) or [])
+    if not files:
+        return a.arch
+    base = a.arch or ""
+    return ",".join([x for x in base.split(",") if x.strip()] + files) if base else ",".join(files)
+
+
+def cmd_provision(a) -> int:
+    """The inverse roofline: what each resource must be to meet a latency or rate target."""
+    import json
+
+    from .api import analyze_source
+    from .bounds.provision import TargetError, parse_latency, parse_rate, provision
+    try:
+        if (a.latency is None) == (a.rate is None):
+            raise TargetError("give exactly one of --latency (2ms) or --rate (500, in Hz)")
+        target = parse_latency(a.latency) if a.latency is not None else parse_rate(a.rate)
+    except TargetError as e:
+        return _err(str(e))
+    rep = analyze_source(a.program, arch=_archs(a) or "all", precision_policy=a.precision_policy,
+                         routing=a.routing, select_fraction=a.select_fraction, cache=a.cache)
+    doc = provision(rep, target)
+    if a.json:
+        _write(a.json, json.dumps(doc, indent=1) + "\n")
+    if a.json == "-":
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    con = Console(emoji=False, highlight=False)
+    con.print(f"[bold]{rep.source}[/bold]: target {target * 1e3:.4g} ms "
+              f"({1 / target:.4g} Hz)")
+    t = Table(title="What the target needs (least resources)")
+    for col in ("fidelity", "DRAM bytes", "bandwidth", "busiest pipe"):
+        t.add_column(col, justify="left" if col == "fidelity" else "right")
+    for r in doc["requirements"]:
+        pipe = max(r["pipes"], key=r["pipes"].get) if r["pipes"] else "-"
+        t.add_row(r["mode"], f"{r['bytes']:,}", f"{r['bandwidth'] / 1e9:.4g} GB/s",
+                  f"{pipe} {r['pipes'].get(pipe, 0) / 1e12:.4g} T/s" if r["pipes"] else "-")
+    con.print(t)
+    for mode in dict.fromkeys(r["mode"] for r in doc["chips"]):
+        t = Table(title=f"Chips, {mode} (factor by which each resource falls short; 1 = just enough)")
+        for col in ("arch", "time", "meets", "binds", "shortfall", "bandwidth x", "compute x"):
+            t.add_column(col, justify="left" if col in ("arch", "binds") else "right")
+        for r in (x for x in doc["chips"] if x["mode"] == mode):
+            comp = max((v for k, v in r["factors"].items() if k != "bandwidth"), default=0.0)
+            t.add_row(r["arch"], f"{r['seconds'] * 1e3:.4g} ms", "yes" if r["meets"] else "no",
+                      r["binding"], f"{r['shortfall']:.3g}", f"{r['factors']['bandwidth']:.3g}",
+                      f"{comp:.3g}")
+        con.print(t)
+    curve = ", ".join(f"{_size(c['capacity'])}: {c['bandwidth'] / 1e9:.4g} GB/s"
+                      for c in doc["cache_curve"])
+    con.print(f"cache-aware bandwidth needed by on-chip capacity: {curve}")
+    return 0
+
+
+def cmd_project(a) -> int:
+    """One program across chips: each fidelity, the fusion benefit and the cache penalty."""
+    import json
+
+    from .api import analyze_source
+    from .bounds.provision import projection
+    rep = analyze_source(a.program, arch=_archs(a) or "all", precision_policy=a.precision_policy,
+                         routing=a.routing, select_fraction=a.select_fraction, cache=a.cache)
+    rows = projection(rep)
+    if a.json:
+        _write(a.json, json.dumps({"schema": "solbound.project/1", "source": rep.source,
+                                   "chips": rows}, indent=1) + "\n")
+    if a.json == "-":
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    from .bounds.fidelity import FIDELITIES
+    t = Table(title=f"{rep.source} across chips")
+    t.add_column("arch")
+    for m in FIDELITIES:
+        t.add_column(m, justify="right")
+    for col in ("fusion benefit", "cache penalty", "binds (fused)"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["arch"], *[f"{r['seconds'][m] * 1e3:.4g} ms" if m in r["seconds"] else "-"
+                               for m in FIDELITIES],
+                  f"{r.get('fusion_benefit', 0):.3g}x", f"{r.get('cache_penalty', 0):.3g}x",
+                  r.get("binding", "-"))
+    Console(emoji=False, highlight=False).print(t)
+    return 0
+
+
 def cmd_chips(a) -> int:
     from .hardware.catalog import catalog
     for s in catalog().values():
@@ -230,6 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("kernel", nargs="?", help="kernel or operator name (omit to list)")
     ex.set_defaults(fn=cmd_explain)
 
+    pv = sub.add_parser("provision", help="the least resources that meet a latency or rate "
+                                          "target, and each chip's shortfall")
+    _common(pv)
+    pv.add_argument("--latency", default=None, help="target time per run, e.g. 2ms")
+    pv.add_argument("--rate", default=None, help="target runs per second, e.g. 500 (Hz)")
+    pv.add_argument("--json", metavar="PATH", help="write solbound.provision/1 JSON (- for stdout)")
+    pv.set_defaults(fn=cmd_provision)
+    pj = sub.add_parser("project", help="one program across chips and fidelities")
+    _common(pj)
+    pj.add_argument("--json", metavar="PATH", help="write the table as JSON (- for stdout)")
+    pj.set_defaults(fn=cmd_project)
     sl = sub.add_parser("slope", help="DRAM traffic against on-chip capacity (ski slope)")
     _common(sl)
     sl.add_argument("--json", metavar="PATH", help="write the curves as JSON (- for stdout)")
@@ -274,9 +377,11 @@ def main(argv: list[str] | None = None) -> int:
     from .bounds.roofline import PolicyError
     from .ir.text import IRSyntaxError
     from .bounds.fidelity import CacheOptionError
+    from .hardware.catalog import SpecError
     try:
         return args.fn(args)
-    except (FrontendError, UnknownArch, PolicyError, IRSyntaxError, CacheOptionError) as e:
+    except (FrontendError, UnknownArch, PolicyError, IRSyntaxError, CacheOptionError,
+            SpecError) as e:
         return _err(str(e))
     except BrokenPipeError:
         return 0

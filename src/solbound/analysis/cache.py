@@ -30,7 +30,8 @@ The family:
 * Tensors from before a segment are read by it; tensors it produces that are used after it,
   program outputs and updated state are written. What the kernel just before a segment
   read or wrote is still on chip when the segment starts, up to the capacity: the segment
-  reads it from there (a cache keeps what was touched last).
+  reads it from there (a cache keeps what was touched last). An intermediate no larger than
+  the buffer crosses a segment boundary on chip (not written, not read back).
 
 The result is reported as the fused traffic plus the extra traffic of the best schedule
 (its re-reads and spills) over the same accounting with an unbounded buffer: so it is never
@@ -290,9 +291,28 @@ class ProgramCache:
         b = 0
         for t in touched & set(ext):
             d = self.tensors[t]
+            if d.role == "intermediate" and d.nbytes <= capacity:
+                continue                  # crosses the boundary on chip (``crossing``)
             b += _union(_dedupe([(key, fp) for _, key, fp, _ in ext[t]]), d.numel).elements \
                 * d.itemsize
         return float(min(capacity, b))
+
+    def crossing(self, i: int, j: int, capacity: float) -> float:
+        """Intermediates no larger than the buffer cross a segment boundary on chip: the
+        segment neither writes those it hands to later segments nor reads those it gets
+        from earlier ones (optimistic where several are live at once: the bound errs low)."""
+        b = 0
+        for t in self._external_reads(i, j):
+            d = self.tensors[t]
+            if d.role == "intermediate" and d.nbytes <= capacity:
+                lst = self._external_reads(i, j)[t]
+                b += _union(_dedupe([(key, fp) for _, key, fp, _ in lst]), d.numel).elements \
+                    * d.itemsize
+        for t, (kind, lst) in self._writes(i, j).items():
+            d = self.tensors[t]
+            if kind == "out" and d.role == "intermediate" and d.nbytes <= capacity:
+                b += _union([fp for _, fp in lst], d.numel).elements * d.itemsize
+        return float(b)
 
     def solve(self, i: int, j: int, capacity: float):
         if not any(self.reuse[i:j + 1]):
@@ -327,7 +347,8 @@ class ProgramCache:
                 seg = self.solve(i, j, capacity)
                 if seg.bytes == math.inf and i < j:
                     break                 # a longer segment is no easier to hold
-                total = best[i][0] + seg.bytes - self.carried(i, j, capacity)
+                total = best[i][0] + seg.bytes - self.carried(i, j, capacity) \
+                    - self.crossing(i, j, capacity)
                 if total < cand[0]:
                     cand = (total, best[i][1] + [seg])
             best.append(cand)

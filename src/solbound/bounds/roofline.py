@@ -63,23 +63,25 @@ class Policy:
             return Policy(p)
         for part in text.split(","):
             part = part.strip()
-            if part in ("tf32", "fp32"):
+            if part in ("tf32", "fp32", "bf16"):
                 p = {c: part for c in CLASSES}
                 continue
             key, eq, val = part.partition("=")
-            if not eq or key not in CLASSES or val not in ("tf32", "fp32"):
-                raise PolicyError(f"bad precision policy {part!r}: use default, tf32, fp32 or "
-                                  f"CLASS=tf32|fp32 with CLASS in {', '.join(CLASSES)}")
+            if not eq or key not in CLASSES or val not in ("tf32", "fp32", "bf16"):
+                raise PolicyError(f"bad precision policy {part!r}: use default, tf32, fp32, bf16 "
+                                  f"or CLASS=tf32|fp32|bf16 with CLASS in {', '.join(CLASSES)}")
             p[key] = val
         return Policy(p)
 
     def describe(self) -> str:
-        return ", ".join(f"fp32 {c}: {'TF32 tensor cores' if v == 'tf32' else 'FP32 vector pipe'}"
-                         for c, v in self.fp32.items())
+        names = {"tf32": "TF32 tensor cores", "bf16": "bf16 tensor cores (operands rounded)",
+                 "fp32": "FP32 vector pipe"}
+        return ", ".join(f"fp32 {c}: {names.get(v, v)}" for c, v in self.fp32.items())
 
     def matrix_pipe(self, cls: str, dtype: str) -> str:
         if dtype == "f32":
-            return "tensor_tf32" if self.fp32.get(cls, "fp32") == "tf32" else "vector_fp32"
+            return {"tf32": "tensor_tf32", "bf16": "tensor_bf16"}.get(self.fp32.get(cls, "fp32"),
+                                                                      "vector_fp32")
         return MATRIX_PIPE.get(dtype, "vector_fp32")
 
 

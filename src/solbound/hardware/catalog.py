@@ -24,6 +24,22 @@ class UnknownArch(KeyError):
         return self.args[0]
 
 
+class SpecError(ValueError):
+    """A chip file that does not follow the catalog's schema (the message names the field)."""
+
+
+# the catalog's schema: what a chip file may contain
+TOP_KEYS = {"id", "name", "vendor", "kind", "notes", "dram", "onchip", "compute", "peaks", "units"}
+SECTION_KEYS = {"dram": {"bandwidth", "capacity"},
+                "onchip": {"l2", "llc", "smem", "regs", "vmem", "cmem"},
+                "compute": {"sm_count", "clock"},
+                "peaks": {"vector_fp64", "vector_fp32", "vector_fp16", "vector_bf16",
+                          "tensor_fp64", "tensor_tf32", "tensor_fp16", "tensor_bf16",
+                          "tensor_fp8", "tensor_int8", "sfu"}}
+ENTRY_KEYS = {"value", "unit", "source", "uncertain", "note"}
+UNIT_NAMES = {"tensor", "vector", "fp64", "sfu"}
+
+
 @dataclass(frozen=True)
 class Spec:
     id: str
@@ -91,12 +107,53 @@ class Spec:
         return bool(self.entries.get(key, {}).get("uncertain", False))
 
 
+def _check(data: dict, path: str) -> None:
+    """Every field of a chip file against the catalog's schema (a clear error per field)."""
+    for key in data:
+        if key not in TOP_KEYS:
+            raise SpecError(f"{path}: unknown field {key!r} (allowed: {', '.join(sorted(TOP_KEYS))})")
+    for key in ("id", "name"):
+        if not isinstance(data.get(key), str) or not data.get(key):
+            raise SpecError(f"{path}: field {key!r} is required (a non-empty string)")
+    for section, allowed in SECTION_KEYS.items():
+        sec = data.get(section, {})
+        if not isinstance(sec, dict):
+            raise SpecError(f"{path}: [{section}] must be a table")
+        for key, val in sec.items():
+            where = f"{path}: {section}.{key}"
+            if key not in allowed:
+                raise SpecError(f"{where}: unknown field (allowed in [{section}]: "
+                                f"{', '.join(sorted(allowed))})")
+            if not isinstance(val, dict) or "value" not in val or "source" not in val:
+                raise SpecError(f"{where} needs a value and a source, e.g. "
+                                f"{{ value = 1e12, unit = \"B/s\", source = \"datasheet\" }}")
+            extra = set(val) - ENTRY_KEYS
+            if extra:
+                raise SpecError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+            v = val["value"]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
+                    or v == float("inf"):
+                raise SpecError(f"{where}: value {v!r} is not a positive number")
+            if not isinstance(val["source"], str) or not val["source"].strip():
+                raise SpecError(f"{where}: source must say where the number comes from")
+    if "bandwidth" not in data.get("dram", {}):
+        raise SpecError(f"{path}: dram.bandwidth is required")
+    if not data.get("peaks"):
+        raise SpecError(f"{path}: [peaks] needs at least one pipe "
+                        f"({', '.join(sorted(SECTION_KEYS['peaks']))})")
+    for pipe, val in data.get("units", {}).items():
+        if pipe not in SECTION_KEYS["peaks"]:
+            raise SpecError(f"{path}: units.{pipe}: not a pipe")
+        if not (isinstance(val, dict) and val.get("value") in UNIT_NAMES and "source" in val):
+            raise SpecError(f"{path}: units.{pipe} needs a unit ({', '.join(sorted(UNIT_NAMES))}) "
+                            f"as value and a source")
+
+
 def _parse(data: dict, path: str) -> Spec:
+    _check(data, path)
     entries: dict[str, dict] = {}
     for section in ("dram", "onchip", "compute", "peaks"):
         for key, val in data.get(section, {}).items():
-            if not (isinstance(val, dict) and "value" in val and "source" in val):
-                raise ValueError(f"{path}: {section}.{key} needs value and source")
             entries[key if section == "peaks" else f"{section}.{key}"] = val
     units = {}
     for pipe, val in data.get("units", {}).items():
@@ -116,8 +173,14 @@ def _parse(data: dict, path: str) -> Spec:
 
 
 def spec_from_file(path: str) -> Spec:
-    with open(path, "rb") as f:
-        return _parse(tomllib.load(f), path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise SpecError(f"chip file {path}: not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(f"chip file {path}: not valid TOML ({e})") from None
+    return _parse(data, path)
 
 
 @functools.lru_cache(maxsize=None)

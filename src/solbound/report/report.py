@@ -114,6 +114,15 @@ class Report:
     def totals(self) -> dict:
         return self.to_dict()["totals"]
 
+    @property
+    def opportunities(self) -> list[dict]:
+        """Contraction chains in a costly order and fp32 contractions that could use tensor
+        cores (``bounds/opportunities.py``), computed once."""
+        if not hasattr(self, "_opportunities"):
+            from ..bounds.opportunities import opportunities
+            self._opportunities = opportunities(self) if self.specs else []
+        return self._opportunities
+
     # --- JSON -----------------------------------------------------------------
     def to_dict(self) -> dict:
         pc = self.counts
@@ -143,6 +152,7 @@ class Report:
                 **({"cache_bytes": b.cache_bytes} if b.cache_bytes is not None else {}),
                 **({"segments": _segments(b.detail)} if b.detail is not None else {}),
             } for b in self.bounds],
+            "opportunities": self.opportunities,
             "archs": [{
                 "id": s.id, "name": s.name,
                 "bandwidth": {"value": s.bandwidth, "source": s.source("dram.bandwidth"),
@@ -276,6 +286,20 @@ class Report:
                            "compute" if c >= m else "memory", _si(sum(g.flops.values())),
                            _si(g.traffic.bytes) + "B")
             console.print(tt)
+        for o in self.opportunities:
+            if o["kind"] == "reorder":
+                first = self.specs[0].id
+                console.print(f"[cyan]opportunity[/cyan]: reorder {e(o['einsum'])} "
+                              f"({e(', '.join(o['sources']) or ', '.join(o['kernels']))}): "
+                              f"{o['macs_before']:,} -> {o['macs_after']:,} MACs "
+                              f"({o['saving']:.3g}x); {first} fused bound "
+                              f"{_t(o['fused_seconds_after'][first])}")
+        prec = [o for o in self.opportunities if o["kind"] == "precision"
+                and o["arch"] == (self.specs[0].id if self.specs else "")]
+        for o in prec:
+            console.print(f"[cyan]opportunity[/cyan]: fp32 contractions on "
+                          f"{o['fp32_contractions_on']} tensor cores: {o['arch']} fused bound "
+                          f"{_t(o['seconds_before'])} -> {_t(o['seconds_after'])}")
         if self.unsupported:
             console.print(f"[red]{len(self.unsupported)} unsupported operator(s); their work is "
                           f"NOT counted:[/red]")
