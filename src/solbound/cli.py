@@ -58,6 +58,21 @@ def cmd_analyze(a) -> int:
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          **_vopts(a))
+    if a.measure:
+        from .frontends.torch.capture import load_problem
+        from .frontends.torch.timing import MeasureError, measure_problem
+        if "host" not in {b.arch for b in rep.bounds}:
+            return _err("--measure compares with this machine's own spec: add host to --arch "
+                        "(after `solbound calibrate`)")
+        modes = [m.strip() for m in a.measure.split(",") if m.strip()]
+        bad = [m for m in modes if m not in ("eager", "compile")]
+        if bad:
+            return _err(f"--measure {a.measure!r}: modes are eager and compile")
+        try:
+            rep.measured = {"arch": "host", **measure_problem(load_problem(a.program), modes,
+                                                               trials=a.trials)}
+        except MeasureError as e:
+            return _err(str(e))
     if a.json:
         _write(a.json, rep.to_json())
     if not a.quiet:
@@ -120,6 +135,21 @@ def cmd_explain(a) -> int:
         print(rep.explain(a.kernel))
     except KeyError as e:
         return _err(str(e.args[0]))
+    return 0
+
+
+def cmd_calibrate(a) -> int:
+    """Measure this machine and write its spec (the catalog's schema)."""
+    from .frontends.torch.calibrate import host_toml
+    from .hardware.catalog import spec_from_file
+    from .measure.host import host_spec_path
+    path = a.output or host_spec_path()
+    text = host_toml(quick=a.quick, progress=lambda m: print(m, file=sys.stderr))
+    _write(path, text)
+    spec = spec_from_file(path)           # the file follows the catalog's schema
+    print(f"wrote {path}: DRAM {spec.bandwidth / 1e9:.3g} GB/s, "
+          + ", ".join(f"{k} {v / 1e9:.3g} G/s" for k, v in sorted(spec.peaks.items()))
+          + "; use --arch host")
     return 0
 
 
@@ -300,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--max-bytes", type=float, default=None, metavar="GIB",
                     help="validation memory budget (GiB) before reduced shapes are used")
     an.add_argument("--top", type=int, default=8, help="operators listed in the top table")
+    an.add_argument("--measure", nargs="?", const="eager", default=None, metavar="MODES",
+                    help="time the program on this machine (eager, or eager,compile) and show "
+                         "headroom against --arch host")
+    an.add_argument("--trials", type=int, default=10, help="timed trials for --measure")
     an.add_argument("--keep-experts-dispatch", action="store_true",
                     help="trace transformers mixture-of-experts layers with their own dispatch "
                          "(by default batched_mm: the same T*k expert evaluations, static sizes)")
@@ -333,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(pj)
     pj.add_argument("--json", metavar="PATH", help="write the table as JSON (- for stdout)")
     pj.set_defaults(fn=cmd_project)
+    ca = sub.add_parser("calibrate", help="measure this machine and write its chip spec "
+                                          "(then --arch host)")
+    ca.add_argument("--quick", action="store_true", help="smaller sizes and fewer trials")
+    ca.add_argument("--output", default=None, help="where to write the spec (default: the "
+                                                   "config directory, printed)")
+    ca.set_defaults(fn=cmd_calibrate)
     sl = sub.add_parser("slope", help="DRAM traffic against on-chip capacity (ski slope)")
     _common(sl)
     sl.add_argument("--json", metavar="PATH", help="write the curves as JSON (- for stdout)")

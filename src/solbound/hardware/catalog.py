@@ -36,7 +36,8 @@ SECTION_KEYS = {"dram": {"bandwidth", "capacity"},
                 "peaks": {"vector_fp64", "vector_fp32", "vector_fp16", "vector_bf16",
                           "tensor_fp64", "tensor_tf32", "tensor_fp16", "tensor_bf16",
                           "tensor_fp8", "tensor_int8", "sfu"}}
-ENTRY_KEYS = {"value", "unit", "source", "uncertain", "note"}
+# min/median/max: the spread of a measured value over its trials (``solbound calibrate``)
+ENTRY_KEYS = {"value", "unit", "source", "uncertain", "note", "min", "median", "max"}
 UNIT_NAMES = {"tensor", "vector", "fp64", "sfu"}
 
 
@@ -196,9 +197,17 @@ def catalog() -> dict[str, Spec]:
 
 
 def load_spec(arch: str) -> Spec:
-    """A catalog id (``h100-sxm``) or a path to a spec TOML file."""
+    """A catalog id (``h100-sxm``), ``host`` (the spec ``solbound calibrate`` measured on
+    this machine) or a path to a spec TOML file."""
     if arch.endswith(".toml") or os.path.sep in arch:
         return spec_from_file(arch)
+    if arch.strip().lower() == "host":
+        from ..measure.host import host_spec_path
+        path = host_spec_path()
+        if not os.path.exists(path):
+            raise UnknownArch(f"--arch host: no host spec at {path}; run `solbound calibrate` "
+                              f"first")
+        return spec_from_file(path)
     cat = catalog()
     arch = arch.strip().lower()
     if arch not in cat:

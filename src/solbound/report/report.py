@@ -35,6 +35,8 @@ class Report:
     routing: str | None = None        # the routing assumption asked for (None: default)
     select_fraction: float | None = None
     sizes_assumed: bool = False       # a selection was sized by select_fraction
+    # the program timed on this machine (``--measure``): device, per mode median and spread
+    measured: dict | None = None
 
     # --- access -------------------------------------------------------------
     @property
@@ -123,6 +125,19 @@ class Report:
             self._opportunities = opportunities(self) if self.specs else []
         return self._opportunities
 
+    def headroom(self) -> dict:
+        """Measured time over each fidelity's bound on the chip it ran on (``host``):
+        ``{timing mode: {fidelity: ratio}}``."""
+        if not self.measured:
+            return {}
+        arch = self.measured.get("arch", "host")
+        out = {}
+        for mode, st in self.measured.items():
+            if isinstance(st, dict) and "median" in st:
+                out[mode] = {b.mode: st["median"] / b.seconds for b in self.bounds
+                             if b.arch == arch and b.seconds}
+        return out
+
     # --- JSON -----------------------------------------------------------------
     def to_dict(self) -> dict:
         pc = self.counts
@@ -153,6 +168,9 @@ class Report:
                 **({"segments": _segments(b.detail)} if b.detail is not None else {}),
             } for b in self.bounds],
             "opportunities": self.opportunities,
+            **({"measured": self.measured, "headroom": {"arch": self.measured.get("arch"),
+                                                        **self.headroom()}}
+               if self.measured else {}),
             "archs": [{
                 "id": s.id, "name": s.name,
                 "bandwidth": {"value": s.bandwidth, "source": s.source("dram.bandwidth"),
@@ -286,6 +304,14 @@ class Report:
                            "compute" if c >= m else "memory", _si(sum(g.flops.values())),
                            _si(g.traffic.bytes) + "B")
             console.print(tt)
+        if self.measured:
+            arch = self.measured.get("arch")
+            for mode, ratios in self.headroom().items():
+                st = self.measured[mode]
+                console.print(f"[bold]measured[/bold] {mode} on {e(str(arch))}: "
+                              f"{_t(st['median'])} median ({_t(st['min'])}-{_t(st['max'])}, "
+                              f"{st['trials']} trials); headroom "
+                              + ", ".join(f"{m} {r:.3g}x" for m, r in ratios.items()))
         for o in self.opportunities:
             if o["kind"] == "reorder":
                 first = self.specs[0].id

@@ -1,0 +1,126 @@
+"""The machine solbound runs on: where its measured spec lives, what the OS says about its
+caches, the statistics of timed trials, and the spec file ``solbound calibrate`` writes (the
+catalog's own schema, ``hardware/specs/*.toml``). The measuring itself needs a framework:
+``frontends/torch/calibrate.py`` (kernels) and ``frontends/torch/timing.py`` (programs).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import time
+
+CONFIG_ENV = "SOLBOUND_CONFIG_DIR"
+def config_dir() -> str:
+    """Where ``calibrate`` stores the host spec: ``$SOLBOUND_CONFIG_DIR``, else
+    ``$XDG_CONFIG_HOME/solbound``, else ``~/.config/solbound``."""
+    if os.environ.get(CONFIG_ENV):
+        return os.environ[CONFIG_ENV]
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "solbound")
+
+
+def host_spec_path() -> str:
+    return os.path.join(config_dir(), "host.toml")
+
+
+def time_trials(fn, trials: int) -> list[float]:
+    fn()                                  # warm-up
+    out = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def rates_of(work: float, times: list[float]) -> dict:
+    rates = sorted(work / t for t in times)
+    return {"value": rates[-1], "min": rates[0], "median": statistics.median(rates),
+            "max": rates[-1]}
+
+
+def caches() -> dict[str, int]:
+    """Cache capacities the OS reports for this machine (bytes): per-core levels times the
+    cores that have one, shared levels once."""
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    out: dict[str, int] = {}
+    if not os.path.isdir(root):
+        return out
+    ncpu = os.cpu_count() or 1
+    for entry in sorted(os.listdir(root)):
+        if not entry.startswith("index"):
+            continue
+        d = os.path.join(root, entry)
+        try:
+            level = int(open(os.path.join(d, "level")).read())
+            kind = open(os.path.join(d, "type")).read().strip()
+            size = open(os.path.join(d, "size")).read().strip()
+            shared = open(os.path.join(d, "shared_cpu_list")).read().strip()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        n = int(size[:-1]) * {"K": 1024, "M": 2**20, "G": 2**30}[size[-1]] \
+            if size[-1] in "KMG" else int(size)
+        sharers = sum((int(b) - int(a) + 1) if "-" in part else 1
+                      for part in shared.split(",") for a, _, b in [part.partition("-")])
+        copies = max(1, ncpu // max(1, sharers))
+        out[f"l{level}"] = out.get(f"l{level}", 0) + n * copies
+    return out
+
+
+def spec_toml(res: dict, framework: str, name: str | None = None) -> str:
+    """The measurements (``res``: key -> value, min, median, max, unit, how) as a chip spec
+    in the catalog's schema; ``framework`` says what measured them."""
+    host = platform.node() or "host"
+    when = datetime.datetime.now().isoformat(timespec="seconds")
+    tag = f"solbound calibrate on {host} at {when} ({framework})"
+
+    def entry(r, unit):
+        src = f"{tag}: {r['how']}, best of the trials"
+        return (f'{{ value = {r["value"]:.6g}, unit = "{unit}", source = "{src}", '
+                f'min = {r["min"]:.6g}, median = {r["median"]:.6g}, max = {r["max"]:.6g} }}')
+    lines = ['id = "host"', f'name = "{name or (platform.processor() or platform.machine())} '
+             f'({host}, measured)"', 'vendor = "host"', 'kind = "cpu"',
+             f'notes = "Measured by {tag}. Every pipe runs on the vector units."', "",
+             "[dram]", f"bandwidth = {entry(res['bandwidth'], 'B/s')}", ""]
+    cs = res.get("caches", {})
+    if cs:
+        lines.append("[onchip]")
+        levels = sorted(cs)
+        last = levels[-1]
+        for lv in levels:
+            key = {"l1": None, "l2": "l2", "l3": "llc"}.get(lv) if last == "l3" else \
+                {"l1": None, "l2": "llc" if lv == last else "l2"}.get(lv)
+            if key:
+                lines.append(f'{key} = {{ value = {cs[lv]}, unit = "B", source = "{tag}: '
+                             f'/sys/devices/system/cpu/cpu0/cache ({lv})" }}')
+        lines.append("")
+    lines.append("[peaks]")
+    for key in ("vector_fp32", "tensor_bf16", "sfu"):
+        if key in res:
+            lines.append(f"{key} = {entry(res[key], res[key]['unit'])}")
+    lines += ["", "[units]"]
+    # transcendentals stay a pipe of their own: torch.exp's measured rate includes its
+    # loads and stores, below what a fused kernel's in-register exp reaches, so charging it
+    # to the vector units could put a bound above a real kernel
+    for pipe in ("tensor_bf16",):
+        if pipe in res:
+            lines.append(f'{pipe} = {{ value = "vector", source = "a CPU runs it on its vector '
+                         f'units" }}')
+    return "\n".join(lines) + "\n"
+
+
+
+
+def trial_stats(times: list[float]) -> dict:
+    """Median and spread of timed trials (seconds)."""
+    s = sorted(times)
+    return {"median": statistics.median(s), "min": s[0], "max": s[-1],
+            "stdev": statistics.stdev(s) if len(s) > 1 else 0.0, "trials": len(s)}
+
+
+__all__ = ["config_dir", "host_spec_path", "caches", "spec_toml", "trial_stats", "time_trials", "rates_of"]
