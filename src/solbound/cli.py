@@ -125,7 +125,7 @@ def cmd_ir(a) -> int:
 
 def cmd_explain(a) -> int:
     from .api import analyze_source
-    rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction)
     if not a.kernel:
         for k in rep.counts.kernels:
@@ -159,7 +159,7 @@ def cmd_slope(a) -> int:
 
     from .analysis.cache import ProgramCache
     from .api import analyze_source
-    rep = analyze_source(a.program, arch=a.arch, precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction)
     pc = ProgramCache(rep.graph, rep.counts)
     caps, c = [], 64 << 10
