@@ -75,6 +75,10 @@ def cmd_analyze(a) -> int:
             return _err(str(e))
     if a.json:
         _write(a.json, rep.to_json())
+    if a.html:
+        from .report.html import render_html
+        _write(a.html, render_html(rep))
+        print(f"wrote {a.html}", file=sys.stderr)
     if not a.quiet:
         rep.render(top=a.top)
         if a.by_module is not None:
@@ -334,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time the program on this machine (eager, or eager,compile) and show "
                          "headroom against --arch host")
     an.add_argument("--trials", type=int, default=10, help="timed trials for --measure")
+    an.add_argument("--html", metavar="PATH", help="write a self-contained HTML report "
+                                                   "(roofline per chip, tables, ski slope)")
     an.add_argument("--keep-experts-dispatch", action="store_true",
                     help="trace transformers mixture-of-experts layers with their own dispatch "
                          "(by default batched_mm: the same T*k expert evaluations, static sizes)")
@@ -402,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--timeout", type=float, default=120.0, help="seconds per problem")
     kb.add_argument("--jobs", type=int, default=1)
     kb.add_argument("--summary", action="store_true", help="print the per-level table")
+    kb.add_argument("--html", metavar="PATH", help="write a summary page (headroom "
+                                                   "distributions per level and fidelity)")
     kb.set_defaults(fn=cmd_kernelbench)
     return p
 

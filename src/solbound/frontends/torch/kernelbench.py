@@ -387,4 +387,47 @@ def run_cli(a) -> int:
           + f"; CSV written to {a.csv}")
     if a.summary:
         print(summary(rows))
+    if getattr(a, "html", None):
+        with open(a.html, "w") as f:
+            f.write(summary_html(rows))
+        print(f"summary page written to {a.html}")
     return 0
+
+
+def summary_html(rows: list[dict]) -> str:
+    """A self-contained page: the headroom distribution per level and fidelity (box plots,
+    measured over bound, log scale) and the per-level table."""
+    import html as _html
+
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from ...bounds.fidelity import FIDELITIES
+    fig = go.Figure()
+    for mode in FIDELITIES:
+        for timing in ("eager", "compile"):
+            col = _headroom_col(timing, mode)
+            xs, ys = [], []
+            for r in rows:
+                v = _f(r.get(col))
+                if v and not r.get("timing_stale"):
+                    xs.append(f"level {r['level']}")
+                    ys.append(v)
+            if ys:
+                fig.add_trace(go.Box(x=xs, y=ys, name=f"{timing} / {mode}", boxpoints="outliers"))
+    fig.update_layout(boxmode="group", yaxis_type="log", height=560,
+                      title="KernelBench headroom: measured time over the bound",
+                      yaxis_title="measured / bound")
+    table = summary(rows).split("\n\n")[0]
+    lines = [ln.strip("|").split("|") for ln in table.splitlines() if ln.startswith("|")]
+    head, body = lines[0], lines[2:]
+    cells = "".join("<tr>" + "".join(f"<td>{_html.escape(c.strip())}</td>" for c in r) + "</tr>"
+                    for r in body)
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>solbound: KernelBench"
+            "</title><style>body{font-family:system-ui,sans-serif;margin:2em} table{border-"
+            "collapse:collapse;font-size:12px} td,th{border:1px solid #ccc;padding:3px 6px}"
+            "</style></head><body><h1>KernelBench against its measured timings</h1>"
+            + pio.to_html(fig, full_html=False, include_plotlyjs="inline", div_id="headroom")
+            + "<h2>Per level</h2><table><tr>"
+            + "".join(f"<th>{_html.escape(h.strip())}</th>" for h in head) + "</tr>" + cells
+            + "</table></body></html>")
