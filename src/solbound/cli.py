@@ -166,12 +166,7 @@ def cmd_slope(a) -> int:
     rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction)
     pc = ProgramCache(rep.graph, rep.counts)
-    caps, c = [], 64 << 10
-    while True:
-        caps.append(c)
-        if pc.traffic(c).extra == 0 or c >= (1 << 40):
-            break
-        c *= 2
+    caps = pc.capacities()
     program = [pc.traffic(c).bytes for c in caps]
     # each kernel alone (a segment of one), the heaviest first
     kernels = []

@@ -364,6 +364,16 @@ class ProgramCache:
                 f"{_mib(capacity)} on chip")
         return CacheTraffic(capacity, fused + extra, extra, segs, exact, expl)
 
+    def capacities(self, start: int = 64 << 10) -> list[int]:
+        """Powers of two from ``start`` up to the first where the traffic meets the fused
+        traffic (the x axis of a ski-slope curve)."""
+        caps, c = [], start
+        while True:
+            caps.append(c)
+            if self.traffic(c).extra == 0 or c >= (1 << 40):
+                return caps
+            c *= 2
+
     def slope(self, capacities: list[int]) -> list[tuple[int, int]]:
         return [(c, self.traffic(c).bytes) for c in capacities]
 
@@ -374,24 +384,8 @@ def nest_key(nest: Nest) -> tuple:
             nest.itemsize, nest.inner)
 
 
-def slope_capacities(pc: ProgramCounts, start: int = 64 << 10, stop: int | None = None,
-                     cache: ProgramCache | None = None) -> list[int]:
-    """Powers of two from ``start`` up to where the traffic meets the fused traffic."""
-    caps, c = [], start
-    while True:
-        caps.append(c)
-        if cache is not None and cache.traffic(c).extra == 0:
-            break
-        if stop is not None and c >= stop:
-            break
-        if c > (1 << 44):
-            break
-        c *= 2
-    return caps
-
-
 def _mib(b: float) -> str:
     return f"{b / 2**20:.4g} MiB" if b >= 2**20 else f"{b / 2**10:.4g} KiB"
 
 
-__all__ = ["ProgramCache", "CacheTraffic", "Segment", "slope_capacities", "MAX_SEGMENT"]
+__all__ = ["ProgramCache", "CacheTraffic", "Segment", "MAX_SEGMENT"]

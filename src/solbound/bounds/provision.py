@@ -104,14 +104,8 @@ def cache_curve(report, target: float, spec: Spec) -> list[dict]:
     meets the fused traffic."""
     from ..analysis.cache import ProgramCache
     pc = ProgramCache(report.graph, report.counts)
-    out, c = [], 64 << 10
-    while True:
-        t = pc.traffic(c)
-        out.append({"capacity": c, "bytes": t.bytes, "bandwidth": t.bytes / target})
-        if t.extra == 0 or c >= (1 << 40):
-            break
-        c *= 2
-    return out
+    return [{"capacity": c, "bytes": pc.traffic(c).bytes,
+             "bandwidth": pc.traffic(c).bytes / target} for c in pc.capacities()]
 
 
 def provision(report, target: float) -> dict:

@@ -110,12 +110,7 @@ def slope_figure(report):
 
     from ..analysis.cache import ProgramCache
     pc = ProgramCache(report.graph, report.counts)
-    caps, c = [], 64 << 10
-    while True:
-        caps.append(c)
-        if pc.traffic(c).extra == 0 or c >= (1 << 40):
-            break
-        c *= 2
+    caps = pc.capacities()
     fig = go.Figure(go.Scatter(x=caps, y=[pc.traffic(c).bytes for c in caps],
                                mode="lines+markers", name="cache-aware traffic"))
     fig.add_hline(y=report.counts.fused.bytes, line_dash="dot", annotation_text="fused")
