@@ -109,3 +109,18 @@ def test_measure_reports_headroom_per_fidelity(host, tmp_path):
         assert h["eager"][b["mode"]] == pytest.approx(st["median"] / b["seconds"])
     # without the host among the chips there is nothing measured to compare with
     assert main(["analyze", str(path), "--arch", "h100-sxm", "--measure", "-q"]) == 2
+
+
+def test_jax_programs_are_timed_eager_and_jitted(host, tmp_path):
+    pytest.importorskip("jax")
+    out = tmp_path / "j.json"
+    assert main(["analyze", "examples/jax_mlp.py", "--arch", "host", "--measure", "eager,jit",
+                 "--trials", "3", "--json", str(out), "-q"]) == 0
+    d = json.loads(out.read_text())
+    assert set(d["headroom"]) == {"arch", "eager", "jit"}
+    assert d["measured"]["jit"]["trials"] == 3
+    # headroom is the measured median over each bound (soundness is checked, with
+    # recalibration against this VM's noise, on the programs above)
+    fused = next(b for b in d["bounds"] if b["mode"] == "fused")
+    assert d["headroom"]["jit"]["fused"] == pytest.approx(d["measured"]["jit"]["median"]
+                                                          / fused["seconds"])

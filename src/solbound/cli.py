@@ -65,12 +65,20 @@ def cmd_analyze(a) -> int:
             return _err("--measure compares with this machine's own spec: add host to --arch "
                         "(after `solbound calibrate`)")
         modes = [m.strip() for m in a.measure.split(",") if m.strip()]
-        bad = [m for m in modes if m not in ("eager", "compile")]
+        bad = [m for m in modes if m not in ("eager", "compile", "jit")]
         if bad:
-            return _err(f"--measure {a.measure!r}: modes are eager and compile")
+            return _err(f"--measure {a.measure!r}: modes are eager and compile (jit for JAX)")
+        from .api import _jax_example
+        example = _jax_example(a.program)
         try:
-            rep.measured = {"arch": "host", **measure_problem(load_problem(a.program), modes,
-                                                               trials=a.trials)}
+            if example is not None:
+                from .frontends.jax.timing import measure_function
+                timed = measure_function(*example, modes, trials=a.trials)
+            else:
+                timed = measure_problem(load_problem(a.program),
+                                        [m if m != "jit" else "compile" for m in modes],
+                                        trials=a.trials)
+            rep.measured = {"arch": "host", **timed}
         except MeasureError as e:
             return _err(str(e))
     if a.json:
@@ -330,8 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="validation memory budget (GiB) before reduced shapes are used")
     an.add_argument("--top", type=int, default=8, help="operators listed in the top table")
     an.add_argument("--measure", nargs="?", const="eager", default=None, metavar="MODES",
-                    help="time the program on this machine (eager, or eager,compile) and show "
-                         "headroom against --arch host")
+                    help="time the program on this machine (eager, or eager,compile; eager,jit "
+                         "for JAX) and show headroom against --arch host")
     an.add_argument("--trials", type=int, default=10, help="timed trials for --measure")
     an.add_argument("--html", metavar="PATH", help="write a self-contained HTML report "
                                                    "(roofline per chip, tables, ski slope)")
