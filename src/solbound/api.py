@@ -36,7 +36,7 @@ def analyze_lowered(lowered, *, source: str, arch=None, precision_policy: str | 
     timings = dict(timings or {})
     timings["analysis_s"] = time.perf_counter() - t0
     return Report(source=source, lowered=lowered, graph=graph, counts=counts, specs=specs,
-                  policy=policy, bounds=bounds, timings=timings)
+                  policy=policy, bounds=bounds, timings=timings, memo=memo)
 
 
 def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = None,

@@ -169,11 +169,10 @@ def cmd_slope(a) -> int:
     """Traffic against on-chip capacity: the program and its heaviest kernels."""
     import json
 
-    from .analysis.cache import ProgramCache
     from .api import analyze_source
     rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction)
-    pc = ProgramCache(rep.graph, rep.counts)
+    pc = rep.program_cache()
     caps = pc.capacities()
     program = [pc.traffic(c).bytes for c in caps]
     # each kernel alone (a segment of one), the heaviest first

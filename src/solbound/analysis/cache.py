@@ -44,7 +44,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..graph.einsum import Graph
-from ..ir.model import DRAM_ROLES, Access, Call, Idx, walk
+from ..ir.classify import product_factors
+from ..ir.model import DRAM_ROLES, Access, Idx, walk
 from .counts import ProgramCounts, _dedupe, _union
 from .tiling import Nest, Operand, best_traffic
 
@@ -78,10 +79,8 @@ def _reuse(g: Graph, i: int) -> bool:
     k = g.nodes[i].kernel
     if k.reduce != "sum" or not _plain(g, i):
         return False
-    body = k.body
-    while isinstance(body, Call) and body.op.startswith("to_"):
-        body = body.args[0]
-    if not (isinstance(body, Call) and body.op == "mul" and len(body.args) == 2):
+    factors = product_factors(k)
+    if factors is None:
         return False
     loop = {v for v, e in k.dims if e > 1}
 
@@ -94,7 +93,7 @@ def _reuse(g: Graph, i: int) -> bool:
                 out.update(x.expr.vars)
         return out
     # each factor is constant along some loop dimension the other moves along
-    return all(loop - varies(f) for f in body.args)
+    return all(loop - varies(f) for f in factors)
 
 
 def _plain(g: Graph, i: int) -> bool:
@@ -133,37 +132,49 @@ class ProgramCache:
             self.run_start.append(i if self.reuse[i] else
                                   (self.run_start[i - 1] if i and not self.reuse[i - 1] else i))
         self._nests: dict[tuple[int, int], Nest | None] = {}
+        self._segments: dict[tuple[int, int], tuple[dict, dict]] = {}
+        self._traffic: dict[int, CacheTraffic] = {}
         self._solved: dict[tuple, object] = {}
 
     # --- segment structure ---------------------------------------------------------
-    def _external_reads(self, i: int, j: int) -> dict[str, list]:
-        """Tensor -> [(kernel, access key, footprint, access)] read by kernels i..j from
-        outside the segment (produced before it, or program inputs and state)."""
-        out: dict[str, list] = {}
+    def _io(self, i: int, j: int) -> tuple[dict, dict]:
+        """What kernels i..j read from outside the segment and what they write, computed
+        once per segment: (tensor -> ([(kernel, access)], bytes of the union of its
+        footprints), tensor -> (kind, [kernel], bytes)). A tensor is read from outside when
+        it was produced before the segment or is a program input or state; a written tensor
+        is ``out`` when used after the segment (or a program output, or DRAM state), else
+        ``mid``."""
+        if (i, j) in self._segments:
+            return self._segments[(i, j)]
+        reads: dict[str, list] = {}
         produced: set[str] = set()
         for m in range(i, j + 1):
             node, kc = self.g.nodes[m], self.pc.kernels[m]
             accs = {a.tensor: a for a in node.operands}
             for t, lst in kc.reads.items():
-                if t in produced:
-                    continue
-                for key, fp in lst:
-                    out.setdefault(t, []).append((m, key, fp, accs.get(t)))
+                if t not in produced:
+                    reads.setdefault(t, []).extend((m, key, fp, accs.get(t)) for key, fp in lst)
             produced.update(node.kernel.outputs)
-        return out
-
-    def _writes(self, i: int, j: int) -> dict[str, tuple[str, list]]:
-        """Tensor -> (kind, [(kernel, footprint)]) written by kernels i..j: ``out`` when used
-        after the segment (or a program output, or DRAM state), else ``mid``."""
-        res: dict[str, tuple[str, list]] = {}
+        ext = {}
+        for t, lst in reads.items():
+            d = self.tensors[t]
+            u = _union(_dedupe([(key, fp) for _, key, fp, _ in lst]), d.numel)
+            ext[t] = ([(m, a) for m, _, _, a in lst], u.elements * d.itemsize)
+        writes: dict[str, tuple[str, list]] = {}
         for m in range(i, j + 1):
             for t, fp in self.pc.kernels[m].writes.items():
                 d = self.tensors[t]
                 later = any(c > j or c < i for c in self.g.consumers.get(t, []))
                 kind = "out" if (d.role == "output" or d.role in DRAM_ROLES or later) else "mid"
-                prev = res.get(t, ("mid", []))
-                res[t] = ("out" if "out" in (kind, prev[0]) else "mid", prev[1] + [(m, fp)])
-        return res
+                prev = writes.get(t, ("mid", []))
+                writes[t] = ("out" if "out" in (kind, prev[0]) else "mid", prev[1] + [(m, fp)])
+        out = {}
+        for t, (kind, lst) in writes.items():
+            d = self.tensors[t]
+            out[t] = (kind, [m for m, _ in lst],
+                      _union([fp for _, fp in lst], d.numel).elements * d.itemsize)
+        self._segments[(i, j)] = (ext, out)
+        return ext, out
 
     def _classes(self, i: int, j: int):
         """Loop-dimension classes of kernels i..j: (find structure, tiled class -> extent)."""
@@ -243,23 +254,22 @@ class ProgramCache:
                 out.append(tuple(entry))
             return tuple(out)
 
-        for t, lst in self._external_reads(i, j).items():
+        ext, written = self._io(i, j)
+        for t, (accs, nbytes) in ext.items():
             d = self.tensors[t]
-            u = _union(_dedupe([(key, fp) for _, key, fp, _ in lst]), d.numel)
             # the access that indexes the most tiled dimensions (fewest re-reads)
-            best = max(((m, a) for m, _, _, a in lst if a is not None),
-                       key=lambda ma: len({x for c in coords(*ma[:1], ma[1].index)
+            best = max(((m, a) for m, a in accs if a is not None),
+                       key=lambda ma: len({x for c in coords(ma[0], ma[1].index)
                                            for x, _ in c if x}), default=None)
             cs = coords(best[0], best[1].index) if best else ()
-            ops.append(Operand(t, u.elements * d.itemsize, "in", cs,
+            ops.append(Operand(t, nbytes, "in", cs,
                                tuple(d.shape) if len(d.shape) == len(cs) else ()))
             itemsize = max(itemsize, d.itemsize)
-        for t, (kind, lst) in self._writes(i, j).items():
+        for t, (kind, writers, nbytes) in written.items():
             d = self.tensors[t]
-            u = _union([fp for _, fp in lst], d.numel)
-            m = lst[-1][0]
+            m = writers[-1]
             cs = coords(m, self.g.nodes[m].kernel.out_index)
-            ops.append(Operand(t, u.elements * d.itemsize, kind, cs,
+            ops.append(Operand(t, nbytes, kind, cs,
                                tuple(d.shape) if len(d.shape) == len(cs) else ()))
             itemsize = max(itemsize, d.itemsize)
         dims = tuple((names[c], n) for c, n in sorted(tiled.items(), key=lambda x: names[x[0]]))
@@ -269,16 +279,9 @@ class ProgramCache:
 
     def once(self, i: int, j: int) -> int:
         """Traffic of segment i..j with an unbounded buffer: external reads and writes once."""
-        total = 0
-        for t, lst in self._external_reads(i, j).items():
-            d = self.tensors[t]
-            total += _union(_dedupe([(key, fp) for _, key, fp, _ in lst]), d.numel).elements \
-                * d.itemsize
-        for t, (kind, lst) in self._writes(i, j).items():
-            if kind == "out":
-                d = self.tensors[t]
-                total += _union([fp for _, fp in lst], d.numel).elements * d.itemsize
-        return total
+        ext, written = self._io(i, j)
+        return sum(b for _, b in ext.values()) + \
+            sum(b for kind, _, b in written.values() if kind == "out")
 
     def carried(self, i: int, j: int, capacity: float) -> float:
         """Bytes segment i..j reads that the kernel before it just read or wrote, up to the
@@ -287,32 +290,23 @@ class ProgramCache:
         if i == 0:
             return 0.0
         touched = set(self.pc.kernels[i - 1].reads) | set(self.pc.kernels[i - 1].writes)
-        ext = self._external_reads(i, j)
-        b = 0
-        for t in touched & set(ext):
-            d = self.tensors[t]
-            if d.role == "intermediate" and d.nbytes <= capacity:
-                continue                  # crosses the boundary on chip (``crossing``)
-            b += _union(_dedupe([(key, fp) for _, key, fp, _ in ext[t]]), d.numel).elements \
-                * d.itemsize
+        ext, _ = self._io(i, j)
+        b = sum(nbytes for t, (_, nbytes) in ext.items()
+                if t in touched and not self._crosses(t, capacity))
         return float(min(capacity, b))
+
+    def _crosses(self, t: str, capacity: float) -> bool:
+        d = self.tensors[t]
+        return d.role == "intermediate" and d.nbytes <= capacity
 
     def crossing(self, i: int, j: int, capacity: float) -> float:
         """Intermediates no larger than the buffer cross a segment boundary on chip: the
         segment neither writes those it hands to later segments nor reads those it gets
         from earlier ones (optimistic where several are live at once: the bound errs low)."""
-        b = 0
-        for t in self._external_reads(i, j):
-            d = self.tensors[t]
-            if d.role == "intermediate" and d.nbytes <= capacity:
-                lst = self._external_reads(i, j)[t]
-                b += _union(_dedupe([(key, fp) for _, key, fp, _ in lst]), d.numel).elements \
-                    * d.itemsize
-        for t, (kind, lst) in self._writes(i, j).items():
-            d = self.tensors[t]
-            if kind == "out" and d.role == "intermediate" and d.nbytes <= capacity:
-                b += _union([fp for _, fp in lst], d.numel).elements * d.itemsize
-        return float(b)
+        ext, written = self._io(i, j)
+        return float(sum(b for t, (_, b) in ext.items() if self._crosses(t, capacity))
+                     + sum(b for t, (kind, _, b) in written.items()
+                           if kind == "out" and self._crosses(t, capacity)))
 
     def solve(self, i: int, j: int, capacity: float):
         if not any(self.reuse[i:j + 1]):
@@ -335,8 +329,9 @@ class ProgramCache:
         fused = self.pc.fused.bytes
         if self.n == 0:
             return CacheTraffic(capacity, fused, 0, [], True, "no kernels")
+        if capacity in self._traffic:
+            return self._traffic[capacity]
         base = self.once(0, self.n - 1)
-        whole = self.nest(0, self.n - 1) if self.n <= MAX_SEGMENT else None
         best: list[tuple[float, list[Segment]]] = [(0.0, [])]
         for j in range(self.n):
             cand = (math.inf, [])
@@ -355,14 +350,14 @@ class ProgramCache:
         total, segs = best[self.n]
         if total == math.inf:
             raise ValueError(f"no schedule fits in {capacity} bytes")
-        del whole
         extra = max(0, int(math.ceil(total - base)))
         exact = all(s.exact for s in segs)
         fused_segments = sum(1 for s in segs if s.last > s.first)
         expl = (f"{len(segs)} segment(s) ({fused_segments} fusing several kernels), "
                 f"{extra:,} B of re-reads and spills over the fused traffic with "
                 f"{_mib(capacity)} on chip")
-        return CacheTraffic(capacity, fused + extra, extra, segs, exact, expl)
+        self._traffic[capacity] = CacheTraffic(capacity, fused + extra, extra, segs, exact, expl)
+        return self._traffic[capacity]
 
     def capacities(self, start: int = 64 << 10) -> list[int]:
         """Powers of two from ``start`` up to the first where the traffic meets the fused
@@ -373,9 +368,6 @@ class ProgramCache:
             if self.traffic(c).extra == 0 or c >= (1 << 40):
                 return caps
             c *= 2
-
-    def slope(self, capacities: list[int]) -> list[tuple[int, int]]:
-        return [(c, self.traffic(c).bytes) for c in capacities]
 
 
 def nest_key(nest: Nest) -> tuple:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 
+from ..ir.classify import product_factors
 from ..ir.model import Access, Call, Const
 
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -75,22 +76,11 @@ def program_path(n_operands: int) -> list[tuple[int, int]]:
 
 
 def _factors(k):
-    """The two factors of a contraction kernel's ``sum(a * b)`` (casts stripped), and a
-    constant scale folded in (``sum(a * b * c)`` with ``c`` constant), or None."""
-    body = k.body
-    while isinstance(body, Call) and body.op.startswith("to_"):
-        body = body.args[0]
-    if not (isinstance(body, Call) and body.op == "mul"):
+    """The two tensors of a contraction kernel's ``sum(a * b)`` (casts stripped), or None."""
+    facts = product_factors(k)
+    if facts is None or not all(isinstance(a, Access) for a in facts):
         return None
-    facts = []
-    for a in body.args:
-        while isinstance(a, Call) and a.op.startswith("to_"):
-            a = a.args[0]
-        facts.append(a)
-    accs = [a for a in facts if isinstance(a, Access)]
-    if len(accs) != 2 or any(not isinstance(a, (Access, Const)) for a in facts):
-        return None
-    return accs
+    return list(facts)
 
 
 def _scale_source(g, i: int):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 
-from ..hardware.catalog import Spec
 from .roofline import Bound, kernel_pipe_work
 
 SCHEMA = "solbound.provision/1"
@@ -98,23 +97,21 @@ def chips(report, target: float) -> list[dict]:
     return rows
 
 
-def cache_curve(report, target: float, spec: Spec) -> list[dict]:
+def cache_curve(report, target: float) -> list[dict]:
     """Cache-aware: the bandwidth the target needs as a function of on-chip capacity (a
     larger buffer buys a smaller bandwidth), powers of two from 64 KiB until the traffic
     meets the fused traffic."""
-    from ..analysis.cache import ProgramCache
-    pc = ProgramCache(report.graph, report.counts)
+    pc = report.program_cache()
     return [{"capacity": c, "bytes": pc.traffic(c).bytes,
              "bandwidth": pc.traffic(c).bytes / target} for c in pc.capacities()]
 
 
 def provision(report, target: float) -> dict:
     """The ``solbound.provision/1`` document."""
-    spec = report.specs[0]
     return {"schema": SCHEMA, "source": report.source, "target_seconds": target,
             "requirements": requirements(report, target),
             "chips": chips(report, target),
-            "cache_curve": cache_curve(report, target, spec)}
+            "cache_curve": cache_curve(report, target)}
 
 
 def projection(report) -> list[dict]:

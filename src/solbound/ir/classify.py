@@ -15,6 +15,15 @@ def _strip_cast(e):
     return e
 
 
+def product_factors(k: Kernel):
+    """The two factors of a kernel body that is a product ``a * b`` (casts stripped around
+    the product and around each factor), or None."""
+    body = _strip_cast(k.body)
+    if not (isinstance(body, Call) and body.op == "mul" and len(body.args) == 2):
+        return None
+    return tuple(_strip_cast(a) for a in body.args)
+
+
 def classify(k: Kernel) -> str:
     if k.lib:
         return "library"

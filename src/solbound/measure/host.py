@@ -93,8 +93,8 @@ def spec_toml(res: dict, framework: str, name: str | None = None) -> str:
         levels = sorted(cs)
         last = levels[-1]
         for lv in levels:
-            key = {"l1": None, "l2": "l2", "l3": "llc"}.get(lv) if last == "l3" else \
-                {"l1": None, "l2": "llc" if lv == last else "l2"}.get(lv)
+            # the last level is the one before DRAM; L1 is not listed
+            key = "llc" if lv == last and lv != "l1" else ("l2" if lv == "l2" else None)
             if key:
                 lines.append(f'{key} = {{ value = {cs[lv]}, unit = "B", source = "{tag}: '
                              f'/sys/devices/system/cpu/cpu0/cache ({lv})" }}')
@@ -116,6 +116,27 @@ def spec_toml(res: dict, framework: str, name: str | None = None) -> str:
 
 
 
+def time_calls(call, trials: int, warmup: int) -> dict:
+    """``call()`` timed the way careful benchmarks do: ``warmup`` calls, then ``trials``
+    timed calls, each after a write over a buffer twice the largest cache (the caller's
+    inputs and weights come from DRAM); the statistics of the timed ones."""
+    import numpy as np
+    flush = np.empty(flush_bytes() // 8)
+    times = []
+    for i in range(warmup + trials):
+        flush.fill(i)
+        t0 = time.perf_counter()
+        call()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return trial_stats(times)
+
+
+def flush_bytes() -> int:
+    """What ``time_calls`` writes before each trial: twice the largest cache."""
+    return max(caches().values() or [32 << 20]) * 2
+
+
 def trial_stats(times: list[float]) -> dict:
     """Median and spread of timed trials (seconds)."""
     s = sorted(times)
@@ -123,4 +144,6 @@ def trial_stats(times: list[float]) -> dict:
             "stdev": statistics.stdev(s) if len(s) > 1 else 0.0, "trials": len(s)}
 
 
-__all__ = ["config_dir", "host_spec_path", "caches", "spec_toml", "trial_stats", "time_trials", "rates_of"]
+__all__ = ["config_dir", "host_spec_path", "caches", "spec_toml", "trial_stats", "time_calls",
+           "flush_bytes",
+           "time_trials", "rates_of"]

@@ -107,9 +107,7 @@ def roofline_figure(report, spec):
 
 def slope_figure(report):
     import plotly.graph_objects as go
-
-    from ..analysis.cache import ProgramCache
-    pc = ProgramCache(report.graph, report.counts)
+    pc = report.program_cache()
     caps = pc.capacities()
     fig = go.Figure(go.Scatter(x=caps, y=[pc.traffic(c).bytes for c in caps],
                                mode="lines+markers", name="cache-aware traffic"))

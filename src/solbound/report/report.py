@@ -37,6 +37,8 @@ class Report:
     sizes_assumed: bool = False       # a selection was sized by select_fraction
     # the program timed on this machine (``--measure``): device, per mode median and spread
     measured: dict | None = None
+    # what the fidelities computed once for this program (the cache-aware segment model)
+    memo: dict = field(default_factory=dict, repr=False)
 
     # --- access -------------------------------------------------------------
     @property
@@ -115,6 +117,14 @@ class Report:
     @property
     def totals(self) -> dict:
         return self.to_dict()["totals"]
+
+    def program_cache(self):
+        """The cache-aware segment model of this program (``analysis/cache.py``), the one
+        the cache-aware bounds used, built on first use otherwise."""
+        if "program_cache" not in self.memo:
+            from ..analysis.cache import ProgramCache
+            self.memo["program_cache"] = ProgramCache(self.graph, self.counts)
+        return self.memo["program_cache"]
 
     @property
     def opportunities(self) -> list[dict]:

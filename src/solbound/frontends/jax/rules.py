@@ -576,13 +576,9 @@ def gather(ctx: Ctx) -> None:
             k, n = sizes[d], x.shape[d]
             # the window's coordinates: one per (batch point, window offset)
             bshape = [ctx.eqn.outvars[0].aval.shape[i] for i in batch_pos]
-            pos = ctx.low.new_base("window_index", tuple(bshape) + (k,), "i64")
-            pd = [(f"d{i}", int(nb)) for i, nb in enumerate(bshape)] + [("w", k)]
-            pv = _vars(pd)
-            st = ctx.load(ind, pv[:-1] + [Aff.lit(smap.index(d))]) if vec \
-                else ctx.load(ind, pv[:-1])
-            clamped = Call("minimum", (Call("maximum", (st, Const(0))), Const(n - k)))
-            ctx.emit(pos, pd, pv, Call("add", (Call("to_i64", (clamped,)), Idx(Aff.var("w")))))
+            m = smap.index(d)
+            pos = _window_coords(ctx, bshape, lambda b, m=m: ctx.load(ind, b + [Aff.lit(m)])
+                                if vec else ctx.load(ind, b), n, k)
             xi.append(ctx.load(pos, bvars + [w]))
         elif d in collapsed:
             xi.append(Aff.lit(0))
@@ -601,6 +597,18 @@ def _static_starts(ctx: Ctx, starts) -> list[int]:
     return vals
 
 
+def _window_coords(ctx: Ctx, lead: list[int], start, n: int, k: int) -> JView:
+    """A small index tensor ``[*lead, k]`` of the coordinates of a window of ``k`` at a
+    run-time start, clamped as JAX clamps it: ``clamp(start(lead vars), 0, n - k) + w``
+    (``start`` maps the leading loop variables to the start's expression)."""
+    pos = ctx.low.new_base("window_index", tuple(lead) + (k,), "i64")
+    pd = [(f"d{i}", int(nb)) for i, nb in enumerate(lead)] + [("w", k)]
+    pv = _vars(pd)
+    clamped = Call("minimum", (Call("maximum", (start(pv[:-1]), Const(0))), Const(n - k)))
+    ctx.emit(pos, pd, pv, Call("add", (Call("to_i64", (clamped,)), Idx(Aff.var("w")))))
+    return pos
+
+
 def _runtime_index(ctx: Ctx, starts, sizes, extents, dvars: list) -> list | None:
     """The operand index of a dynamic slice (or update) at ``dvars``: a static start is an
     offset (clamped as JAX clamps it); a run-time start of a one-wide window (a decode
@@ -616,10 +624,7 @@ def _runtime_index(ctx: Ctx, starts, sizes, extents, dvars: list) -> list | None
         elif k == 1:
             entries.append(ctx.load(s, []))
         else:
-            pos = ctx.low.new_base("window_index", (k,), "i64")
-            start = Call("minimum", (Call("maximum", (ctx.load(s, []), Const(0))), Const(n - k)))
-            ctx.emit(pos, [("d0", k)], [Aff.var("d0")],
-                     Call("add", (Call("to_i64", (start,)), Idx(Aff.var("d0")))))
+            pos = _window_coords(ctx, [], lambda _, s=s: ctx.load(s, []), n, k)
             entries.append(ctx.load(pos, [v]))
     return entries
 

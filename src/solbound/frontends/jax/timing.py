@@ -4,11 +4,7 @@ caches flushed before each, the median; eager (op by op) and ``jax.jit``."""
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
-
-from ...measure.host import caches, trial_stats
+from ...measure.host import flush_bytes, time_calls
 
 
 def measure_function(fn, args, modes=("eager",), trials: int = 10, warmup: int = 2) -> dict:
@@ -17,18 +13,11 @@ def measure_function(fn, args, modes=("eager",), trials: int = 10, warmup: int =
     import jax
     from .reference import real_args
     values = real_args(args)
-    flush = np.empty(max(caches().values() or [32 << 20]) * 2 // 8)
-    out = {"device": jax.devices()[0].platform}
+    out = {"device": jax.devices()[0].platform, "flush_bytes": flush_bytes()}
     for mode in modes:
         f = jax.jit(fn) if mode in ("jit", "compile") else fn
-        times = []
-        for i in range(warmup + trials):
-            flush.fill(i)                            # evict the arguments from the caches
-            t0 = time.perf_counter()
-            jax.block_until_ready(f(*values))
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        out["jit" if mode in ("jit", "compile") else mode] = trial_stats(times)
+        out["jit" if mode in ("jit", "compile") else mode] = time_calls(
+            lambda f=f: jax.block_until_ready(f(*values)), trials, warmup)
     return out
 
 

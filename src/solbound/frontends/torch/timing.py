@@ -4,9 +4,7 @@ the last-level cache), median and spread; eager, and ``torch.compile`` on reques
 
 from __future__ import annotations
 
-import time
-
-from ...measure.host import caches, trial_stats
+from ...measure.host import flush_bytes, time_calls
 
 
 class MeasureError(RuntimeError):
@@ -47,19 +45,11 @@ def measure_problem(problem, modes=("eager",), trials: int = 10, warmup: int = 2
                            f"than this machine has free ({_available() / 2**30:.1f} GiB)")
     torch.manual_seed(0)
     model, inputs = problem.build("cpu")
-    flush = torch.empty(max(caches().values() or [32 << 20]) * 2 // 4)
-    out = {"device": "cpu", "flush_bytes": flush.numel() * 4}
+    out = {"device": "cpu", "flush_bytes": flush_bytes()}
     for mode in modes:
         fn = model if mode == "eager" else torch.compile(model)
-        times = []
         with torch.no_grad():
-            for i in range(warmup + trials):
-                flush.fill_(i)                     # evict the inputs and weights
-                t0 = time.perf_counter()
-                fn(*inputs)
-                if i >= warmup:
-                    times.append(time.perf_counter() - t0)
-        out[mode] = trial_stats(times)
+            out[mode] = time_calls(lambda fn=fn: fn(*inputs), trials, warmup)
     return out
 
 
