@@ -9,7 +9,11 @@ For each model: analyze time, our MACs and FLOPs (2 x MACs + vector + special), 
 hidden 1152, 4 heads of 256, one KV head, FFN 6912, sliding window 512 on five layers of
 six) on the JAX backend, 1024 tokens. keras builds real variables, so the Gemma models
 allocate their weights (about 10 GB for Gemma-2B's shapes in float32: the script uses
-bfloat16).
+bfloat16). Then Google DeepMind's ``gemma`` library (``gemma.gm.nn.Transformer``) at
+Gemma-3-1B and Gemma-3-12B (text) shapes, 1024 tokens, bf16, on abstract parameters
+(``jax.eval_shape(model.init, ...)``: no weights in memory), positions given (the band is
+known) and by default (positions from the tokens: the window is data). Peak RSS is printed
+after each row.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import jax.numpy as jnp  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 import solbound  # noqa: E402
-from test_jax_real import _backbone_fn, _decoder_macs, _resnet50_macs  # noqa: E402
+from test_jax_real import _backbone_fn, _decoder_macs, _gemma3, _resnet50_macs  # noqa: E402
 
 
 def xla_flops(fn, args) -> float:
@@ -43,13 +47,43 @@ def row(name, fn, args, closed):
     print(f"| {name} | {secs:.1f} s | {len(rep.lowered.unsupported)} | {rep.counts.macs:,} "
           f"| {'=' if rep.counts.macs == closed else '!= ' + format(closed, ',')} | {ours:,} "
           f"| {xla:,.0f} | {xla / ours:.3f} |", flush=True)
+    import resource
+    print(f"<!-- peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f}"
+          f" GiB -->", file=sys.stderr, flush=True)
     return rep
+
+
+def gemma_library(T: int = 1024) -> None:
+    """gemma.gm.nn's Transformer at Gemma-3-1B and -12B text shapes (gemma/gm/nn/_gemma.py)."""
+    shapes = {"1B": dict(vocab=262144, hidden=1152, ffn=6912, heads=4, kv_heads=1,
+                         head_dim=256, layers=26, window=512),
+              "12B": dict(vocab=262144, hidden=3840, ffn=15360, heads=16, kv_heads=8,
+                          head_dim=256, layers=48, window=1024, global_scale=8.0)}
+    for name, sh in shapes.items():
+        model = _gemma3(dtype=jnp.bfloat16, **sh)
+        tokens = jax.ShapeDtypeStruct((1, T), jnp.int32)
+        params = jax.eval_shape(model.init, jax.random.key(0), tokens)
+        W = sh["window"]
+        band = sum(min(q + 1, W) for q in range(T))
+        common = dict(layers=sh["layers"], tokens=T, hidden=sh["hidden"], heads=sh["heads"],
+                      kv_heads=sh["kv_heads"], head_dim=sh["head_dim"], ffn=sh["ffn"],
+                      qk_norm=True, norms=4, vocab=sh["vocab"])
+        pos, causal = jnp.arange(T)[None], jnp.tril(jnp.ones((1, T, T), bool))
+        row(f"gemma library Gemma 3 {name} (text), {T} tokens, bf16, positions given",
+            lambda p, t: model.apply(p, t, positions=pos, attention_mask=causal).logits,
+            (params, tokens),
+            _decoder_macs(pairs=lambda i: band if i % 6 < 5 else T * (T + 1) // 2, **common))
+        row(f"gemma library Gemma 3 {name} (text), {T} tokens, bf16, default call",
+            lambda p, t: model.apply(p, t).logits, (params, tokens),
+            _decoder_macs(pairs=lambda i: T * (T + 1) // 2, **common))
 
 
 def main() -> None:
     print("| model | analyze | unsupported | MACs | closed form | our FLOPs | XLA cost_analysis "
           "FLOPs | XLA / ours |")
     print("|---|---|---|---|---|---|---|---|")
+    if "--gemma-only" in sys.argv:
+        return gemma_library()
     import jax_resnet
     model = jax_resnet.ResNet50(n_classes=1000)
     x = jax.ShapeDtypeStruct((8, 224, 224, 3), jnp.float32)
@@ -80,6 +114,8 @@ def main() -> None:
                       ffn=6912, qk_norm=True,
                       pairs=lambda i: sum(min(q + 1, W) for q in range(T)) if i % 6 < 5
                       else T * (T + 1) // 2))
+    del m, fn, args
+    gemma_library()
 
 
 if __name__ == "__main__":

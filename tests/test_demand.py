@@ -86,3 +86,48 @@ def test_demand_through_flattened_dims_attention_and_concatenation():
     rep = solbound.analyze(_ClsToken().eval(), (torch.randn(2, 4, 12),), validate=True)
     assert totals(rep)[0] == expect
     assert rep.validation["status"] == "passed"
+
+
+def test_a_guard_over_the_digits_of_a_flattened_coordinate_reaches_its_writer():
+    """Grouped-query attention as JAX writes it (gemma's ``BTKGS`` scores reshaped to
+    ``BTNS``, N = K*G): the scores are copied to flat storage ``t*32 + k*16 + g*8 + s``
+    and read as ``t*32 + n*8 + s`` under the causal guard ``s <= t``. The writer's digits
+    at coefficients 32 and 1 are the reader's (same radix), so the guard reaches it; the
+    middle digits differ (n = 2k + g) and stay whole."""
+    from solbound.ir.affine import Aff, Atom
+    from solbound.ir.demand import restrict_to_demand
+    from solbound.ir.model import Access, Kernel
+    t, k, g, s, n = (Aff.var(v) for v in "tkgsn")
+    copy = Kernel("copy", (("t", 8), ("k", 2), ("g", 2), ("s", 8)), "flat",
+                  (t * 32 + k * 16 + g * 8 + s,), Access("scores", (k, s, t, g)))
+    causal = (Atom(s - t, None, 1),)
+    read = Kernel("mask", (("t", 8), ("n", 4), ("s", 8)), "out", (t, n, s),
+                  Access("flat", (t * 32 + n * 8 + s,)), guard=causal)
+    got = restrict_to_demand([copy, read], {"flat"})[0]
+    assert [str(a) for a in got.guard] == ["s - t < 1"]
+    # a reader whose middle digit has another radix (n*16 over 0..1, s over 0..15) shares
+    # no digit with the writer's coefficient-8 digit: only matching digits carry atoms
+    wide = Kernel("mask", (("t", 8), ("n", 2), ("s", 16)), "out", (t, n, s),
+                  Access("flat", (t * 32 + n * 16 + s,)), guard=(Atom(s - t, None, 1),))
+    assert restrict_to_demand([copy, wide], {"flat"})[0].guard == ()
+
+
+def test_grouped_query_attention_through_a_reshape_counts_the_causal_pairs():
+    """The same through JAX: q (B,T,K,G,H) against k (B,S,K,H), scores reshaped to
+    (B,T,K*G,S), causal softmax, reshaped back for the weighted sum."""
+    import pytest
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+    B, T, K, G, H = 1, 8, 2, 2, 4
+
+    def attn(q, k, v):
+        logits = jnp.einsum("BTKGH,BSKH->BTKGS", q, k).reshape(B, T, K * G, T)
+        mask = jnp.tril(jnp.ones((T, T), bool))
+        p = jax.nn.softmax(jnp.where(mask[None, :, None, :], logits, -1e30), -1)
+        return jnp.einsum("BTKGS,BSKH->BTKGH", p.reshape(B, T, K, G, T), v)
+    S = jax.ShapeDtypeStruct
+    rep = solbound.analyze(attn, (S((B, T, K, G, H), jnp.float32), S((B, T, K, H), jnp.float32),
+                                  S((B, T, K, H), jnp.float32)), validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    # scores and weighted sum over the T(T+1)/2 causal pairs of each of the K*G heads
+    assert rep.counts.macs == 2 * K * G * H * T * (T + 1) // 2 == 1152

@@ -91,16 +91,16 @@ def _backbone_fn(model, tokens: int):
 
 
 def _decoder_macs(*, layers, tokens, hidden, heads, kv_heads, head_dim, ffn, pairs,
-                  qk_norm=False):
+                  qk_norm=False, norms=2, vocab=0):
     """Projections (q, k, v, o), a gated FFN (gate, up, down), attention over the
     ``pairs(layer)`` (query, key) pairs a layer's mask keeps (scores and the weighted sum),
-    and every RMSNorm's sum of squares (two per layer, a final one; per head for q and k
-    when ``qk_norm``)."""
+    every RMSNorm's sum of squares (``norms`` per layer, a final one; per head for q and k
+    when ``qk_norm``), and the logits against a tied ``vocab`` x hidden embedding."""
     T, H = tokens, hidden
     proj = T * H * (heads * head_dim + 2 * kv_heads * head_dim) + T * heads * head_dim * H
-    norms = 2 * T * H + (T * (heads + kv_heads) * head_dim if qk_norm else 0)
-    return sum(proj + 3 * T * H * ffn + 2 * heads * pairs(i) * head_dim + norms
-               for i in range(layers)) + T * H
+    norm = norms * T * H + (T * (heads + kv_heads) * head_dim if qk_norm else 0)
+    return sum(proj + 3 * T * H * ffn + 2 * heads * pairs(i) * head_dim + norm
+               for i in range(layers)) + T * H + T * H * vocab
 
 
 def test_keras_hub_gemma_is_causal_and_validates():
@@ -140,3 +140,79 @@ def test_keras_hub_gemma3_sliding_window_layers_count_the_band():
     assert rep.counts.macs == _decoder_macs(layers=6, tokens=T, hidden=128, heads=4,
                                             kv_heads=1, head_dim=32, ffn=256, pairs=pairs,
                                             qk_norm=True)
+
+
+# --- the gemma library (Google DeepMind's gemma.gm.nn) --------------------------------------
+
+def _gemma_lib():
+    """gemma.gm.nn's Transformer and its config module. Imported below the package's
+    ``gm.nn.Gemma3_*`` presets: gemma 3.3.0's checkpoint module subclasses
+    ``kd.ckpts.AbstractPartialLoader``, which kauldron 1.4.2 (the release that runs on
+    current JAX) renamed, so the presets do not import; their configs are spelled out."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")    # kauldron.typing imports TensorFlow
+    pytest.importorskip("gemma", reason="the gemma library (tests/corpus-no-deps.txt)")
+    from gemma.gm.nn import _config, _modules, _transformer
+    return _config, _modules, _transformer
+
+
+def _gemma3(*, vocab, hidden, ffn, heads, kv_heads, head_dim, layers, window, dtype,
+            global_scale=1.0):
+    """A Gemma 3 architecture as ``gm.nn.Gemma3_1B`` configures it (gemma/gm/nn/_gemma.py):
+    post-attention and post-FFN norms, q/k norms, five sliding-window layers to one global,
+    no soft caps."""
+    _config, _modules, _transformer = _gemma_lib()
+    A = _modules.AttentionType
+    cfg = _config.TransformerConfig(
+        final_logit_softcap=None, num_embed=vocab, embed_dim=hidden, hidden_dim=ffn,
+        num_heads=heads, head_dim=head_dim, num_kv_heads=kv_heads, use_post_attn_norm=True,
+        use_post_ffw_norm=True, use_qk_norm=True,
+        attention_types=_config.make_attention_layers_types((A.LOCAL_SLIDING,) * 5 + (A.GLOBAL,),
+                                                            num_layers=layers),
+        query_pre_attn_norm=_config.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM,
+        attn_logits_soft_cap=None, sliding_window_size=window, transpose_gating_einsum=True,
+        local_base_frequency=10_000, global_base_frequency=1_000_000,
+        global_scale_factor=global_scale, vision_encoder=None)
+    return _transformer.Transformer(config=cfg, dtype=dtype)
+
+
+def _gemma3_small(T, W):
+    model = _gemma3(vocab=1000, hidden=128, ffn=256, heads=4, kv_heads=1, head_dim=32,
+                    layers=6, window=W, dtype=jnp.float32)
+    tokens = S((1, T), jnp.int32)
+    params = jax.eval_shape(model.init, jax.random.key(0), tokens)    # abstract: no memory
+    return model, params, tokens
+
+
+def _gemma3_small_macs(T, pairs):
+    return _decoder_macs(layers=6, tokens=T, hidden=128, heads=4, kv_heads=1, head_dim=32,
+                         ffn=256, pairs=pairs, qk_norm=True, norms=4, vocab=1000)
+
+
+def test_gemma_library_gemma3_with_static_positions_counts_the_band():
+    """Positions and the causal mask given (a prefill with no padding): the sliding layers'
+    mask ``|k - q| < W`` and causal is known before the run, so only the band is work."""
+    T, W = 32, 8
+    model, params, tokens = _gemma3_small(T, W)
+    pos, causal = jnp.arange(T)[None], jnp.tril(jnp.ones((1, T, T), bool))
+    rep = solbound.analyze(
+        lambda p, t: model.apply(p, t, positions=pos, attention_mask=causal).logits,
+        (params, tokens), validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+
+    def pairs(layer):       # gemma/gm/nn/_modules.py: create_sliding_mask, then AND causal
+        return sum(min(q + 1, W) for q in range(T)) if layer % 6 < 5 else T * (T + 1) // 2
+    assert rep.counts.macs == _gemma3_small_macs(T, pairs) == 31_394_816
+
+
+def test_gemma_library_gemma3_default_call_counts_causal_pairs():
+    """The default call derives positions from the tokens (``cumsum(tokens != 0) - 1``: 0
+    is padding), so the sliding window is data: every layer keeps the causal triangle (the
+    ``tril`` the library builds), and the window cannot remove pairs before the run."""
+    T, W = 32, 8
+    model, params, tokens = _gemma3_small(T, W)
+    rep = solbound.analyze(lambda p, t: model.apply(p, t).logits, (params, tokens),
+                           validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.macs == _gemma3_small_macs(T, lambda i: T * (T + 1) // 2) == 31_778_816

@@ -212,6 +212,36 @@ def _var_ranges(vars_, extents: dict[str, int], atoms: list[Atom]) -> dict[str, 
     return r
 
 
+def _injective_in_range(vars_, extents, exprs: list[Aff], shape: list[int]) -> bool:
+    """Whether the index map (one expression per dimension) is injective over the box and
+    lands in range everywhere: the expressions use disjoint variables, together all of
+    ``vars_``, each with coefficients in mixed radix (sorted by size, each larger than what
+    the smaller ones span), and each expression's least and greatest values are in range.
+
+    >>> d1, d2 = Aff.var("d1"), Aff.var("d2")
+    >>> _injective_in_range(["d1", "d2"], {"d1": 4, "d2": 8}, [d1 * 8 + d2], [32])
+    True
+    >>> _injective_in_range(["d1", "d2"], {"d1": 4, "d2": 8}, [d1 * 4 + d2], [32])
+    False
+    """
+    seen: set[str] = set()
+    for e, n in zip(exprs, shape):
+        terms = [(v, c) for v, c in e.terms if extents[v] > 1]
+        if seen & {v for v, _ in terms}:
+            return False
+        seen |= {v for v, _ in e.terms}
+        span = 0
+        for v, c in sorted(terms, key=lambda t: abs(t[1])):
+            if abs(c) <= span:
+                return False
+            span += abs(c) * (extents[v] - 1)
+        lo = e.const + sum(min(0, c) * (extents[v] - 1) for v, c in e.terms)
+        hi = e.const + sum(max(0, c) * (extents[v] - 1) for v, c in e.terms)
+        if lo < 0 or hi >= n:
+            return False
+    return seen >= set(vars_)
+
+
 def _enumerate_tuples(vars_, extents, atoms, exprs: list[Aff], shape: list[int]) -> int:
     singles = [e.terms[0][0] for e in exprs if len(e.terms) == 1]
     if len(singles) == len(exprs) and sorted(singles) == sorted(vars_):
@@ -219,6 +249,10 @@ def _enumerate_tuples(vars_, extents, atoms, exprs: list[Aff], shape: list[int])
         # guarded points in range (a triangle of A[i, k] under k >= i), counted in closed form
         in_range = tuple(Atom(e, 0, n) for e, n in zip(exprs, shape))
         return domain_size({v: extents[v] for v in vars_}, tuple(atoms) + in_range)
+    if _injective_in_range(vars_, extents, exprs, shape):
+        # distinct points give distinct elements (a flat view's strides in mixed radix,
+        # every point in range): the elements are the guarded points, counted in closed form
+        return domain_size({v: extents[v] for v in vars_}, tuple(atoms))
     total = math.prod(extents[v] for v in vars_)
     if total > ENUM_LIMIT:
         raise OverflowError("coupled access too large to enumerate")

@@ -87,9 +87,26 @@ def _digits(e: Aff, rng: dict[str, tuple[int, int]]) -> tuple[tuple[int, ...], l
     return coefs, spans
 
 
-def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None], set[Atom], list]:
-    """(box per coordinate, atoms over x0, x1, ..., mixed-radix digits per coordinate)
-    containing what ``acc`` reads."""
+def _digit_name(pos: int, coef: int, radix: int | None) -> str:
+    """The variable of one mixed-radix digit of coordinate ``pos``: its value is
+    ``(x_pos // coef) % radix`` (no modulus for the top digit, ``radix`` None)."""
+    return f"x{pos}_{coef}_{radix if radix is not None else 'top'}"
+
+
+def _digit_vars(pos: int, e: Aff, coefs: tuple[int, ...]) -> dict[str, str]:
+    """Loop variable -> digit variable for a coordinate written or read as a mixed-radix
+    number with coefficients ``coefs`` (ascending)."""
+    by_coef = {c: v for v, c in e.terms}
+    return {by_coef[c]: _digit_name(pos, c, coefs[i + 1] // c if i + 1 < len(coefs) else None)
+            for i, c in enumerate(coefs)}
+
+
+def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None], set[Atom],
+                                                    list, set[Atom]]:
+    """(box per coordinate, atoms over x0, x1, ..., mixed-radix digits per coordinate,
+    atoms over digit variables (``_digit_name``)) containing what ``acc`` reads. The last
+    keep a guard that couples the digits of one flattened coordinate (``t*32 + n*8 + s``
+    read under ``s <= t``: a causal mask over a flattened score tensor)."""
     rng = _var_ranges(k)
     digits = [None if isinstance(e, Access) else _digits(e, rng) for e in acc.index]
     box: list[tuple[int, int] | None] = []
@@ -108,7 +125,49 @@ def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None]
         if a.expr.vars and all(v in owner for v in a.expr.vars):
             e = a.expr.subst(owner)
             atoms.add(Atom(Aff(tuple(sorted(e.terms)), e.const), a.lo, a.hi))
-    return box, atoms, digits
+    dvar: dict[str, Aff] = {}
+    for pos, (e, dg) in enumerate(zip(acc.index, digits)):
+        if dg is None:
+            continue
+        for v, name in _digit_vars(pos, e, dg[0]).items():
+            if sum(1 for f in acc.index if isinstance(f, Aff) and v in f.vars) == 1:
+                dvar[v] = Aff.var(name)
+    datoms = set()
+    for a in k.guard:
+        if (a.expr.vars and any(v in dvar for v in a.expr.vars)
+                and all(v in owner or v in dvar for v in a.expr.vars)):
+            e = a.expr.subst({**owner, **dvar})
+            datoms.add(Atom(Aff(tuple(sorted(e.terms)), e.const), a.lo, a.hi))
+    return box, atoms, digits, datoms
+
+
+def _writer_digits(p: Kernel) -> dict[str, Aff]:
+    """Digit variable -> the producer's loop variable, for each coordinate the producer
+    writes as a mixed-radix number of loop variables no other coordinate uses."""
+    full = {v: (0, n - 1) for v, n in p.extents.items()}
+    out: dict[str, Aff] = {}
+    for pos, e in enumerate(p.out_index):
+        dg = _digits(e, full)
+        if dg is None or any(v in f.vars for q, f in enumerate(p.out_index) if q != pos
+                             for v in e.vars):
+            continue
+        out.update({name: Aff.var(v) for v, name in _digit_vars(pos, e, dg[0]).items()})
+    return out
+
+
+def _digit_atoms(p: Kernel, regions: list, to_var: dict[str, Aff]) -> list[Atom]:
+    """The readers' shared digit atoms, over the producer's loop variables where each digit
+    they name is one of the producer's own digits (the same coefficient and radix: the same
+    value of every element) and every coordinate variable is written by one loop variable."""
+    shared = set.intersection(*(r[3] for r in regions))
+    if not shared:
+        return []
+    sub = {**_writer_digits(p), **to_var}
+    out = []
+    for a in sorted(shared, key=str):
+        if set(a.expr.vars) <= set(sub):
+            out.append(Atom(a.expr.subst(sub), a.lo, a.hi))
+    return out
 
 
 def _identity_writer(k: Kernel) -> tuple[list[str | None], list[int]] | None:
@@ -155,6 +214,10 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
             continue
         found = _identity_writer(p)
         if found is None:
+            regions = [_access_region(ks[c], a) for c in readers.get(t, ()) if c > pos
+                       for a in kernel_reads(ks[c]) if a.tensor == t]
+            if regions:
+                ks[pos] = _add_atoms(p, _digit_atoms(p, regions, {}))
             continue
         names, offsets = found
         regions = [_access_region(ks[c], a) for c in readers.get(t, ()) if c > pos
@@ -189,10 +252,8 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
             if (atom.lo is None or lo >= atom.lo) and (atom.hi is None or hi < atom.hi):
                 continue            # implied by the producer's own extents
             new.append(atom)
-        have = {a.canonical() for a in p.guard}
-        new = [a for a in dict.fromkeys(a.canonical() for a in new) if a not in have]
-        if new:
-            p = p.with_(guard=p.guard + tuple(new))
+        new += _digit_atoms(p, regions, to_var)
+        p = _add_atoms(p, new)
         for d in range(rank):
             digits = [r[2][d] for r in regions]
             if names[d] is not None:
@@ -202,6 +263,20 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
                 p = _confine_digits(p, p.out_index[d], digits)
         ks[pos] = p
     return ks
+
+
+def _add_atoms(p: Kernel, atoms: list[Atom]) -> Kernel:
+    """``p`` with the atoms its guard and its own extents do not already imply."""
+    ext = p.extents
+    keep = []
+    for atom in atoms:
+        lo, hi = atom.expr.bounds(ext)
+        if (atom.lo is None or lo >= atom.lo) and (atom.hi is None or hi < atom.hi):
+            continue
+        keep.append(atom)
+    have = {a.canonical() for a in p.guard}
+    new = [a for a in dict.fromkeys(a.canonical() for a in keep) if a not in have]
+    return p.with_(guard=p.guard + tuple(new)) if new else p
 
 
 def _confine_digits(p: Kernel, e: Aff, digits: list) -> Kernel:

@@ -46,13 +46,21 @@ FOLD_LIMIT = 1 << 24
 EXACT_DTYPES = frozenset({"f32", "f64", "i64", "i32", "bool"})
 
 
-def data_free(p: Program, limit: int = FOLD_LIMIT) -> list[str]:
+def data_free(p: Program, limit: int = FOLD_LIMIT,
+              constants: dict[str, np.ndarray] | None = None) -> list[str]:
     """Tensors every writer of which reads only data-free tensors (no inputs, parameters,
     buffers or constants, no random draws, not in a sequential loop, exact dtypes), in
     order. A tensor with several writers qualifies only when nothing reads it before its
-    last writer (a reader in between sees an earlier value than the folded one)."""
+    last writer (a reader in between sees an earlier value than the folded one).
+
+    ``constants``: values of constant tensors the program holds (a mask or an ``arange``
+    a JAX function closes over): they are known before the run, so they and what is
+    computed from them alone are data-free too, and listed first."""
     decls = p.tensor_map
-    free: dict[str, bool] = {}
+    free: dict[str, bool] = {
+        t: True for t, v in (constants or {}).items()
+        if t in decls and decls[t].role == "constant" and decls[t].dtype in EXACT_DTYPES
+        and decls[t].numel <= limit and np.size(v) == decls[t].numel}
     last_write: dict[str, int] = {}
     first_read: dict[str, int] = {}
     for pos, k in enumerate(p.kernels):
@@ -67,19 +75,23 @@ def data_free(p: Program, limit: int = FOLD_LIMIT) -> list[str]:
             free[o] = ok and free.get(o, True)
             last_write[o] = pos
     return [t for t, ok in free.items()
-            if ok and first_read.get(t, len(p.kernels)) > last_write[t]]
+            if ok and first_read.get(t, len(p.kernels)) > last_write.get(t, -1)]
 
 
-def fold(p: Program, limit: int = FOLD_LIMIT) -> dict[str, object]:
+def fold(p: Program, limit: int = FOLD_LIMIT,
+         constants: dict[str, np.ndarray] | None = None) -> dict[str, object]:
     """Facts (over coordinates ``x0, x1, ...``) of the program's data-free tensors."""
-    return fold_report(p, limit)[0]
+    return fold_report(p, limit, constants)[0]
 
 
-def fold_report(p: Program, limit: int = FOLD_LIMIT) -> tuple[dict[str, object], list[str]]:
-    """(facts, masks): the facts of the data-free tensors, and the boolean data-free tensors
-    that no fact describes (a mask known before the run that is not an affine region, such
-    as a block-diagonal document mask: what it masks is counted dense)."""
-    names = data_free(p, limit)
+def fold_report(p: Program, limit: int = FOLD_LIMIT,
+                constants: dict[str, np.ndarray] | None = None
+                ) -> tuple[dict[str, object], list[str]]:
+    """(facts, masks): the facts of the data-free tensors (``constants`` as in
+    :func:`data_free`), and the boolean data-free tensors that no fact describes (a mask
+    known before the run that is not an affine region, such as a block-diagonal document
+    mask: what it masks is counted dense)."""
+    names = data_free(p, limit, constants)
     if not names:
         return {}, []
     keep = set(names)
@@ -87,7 +99,7 @@ def fold_report(p: Program, limit: int = FOLD_LIMIT) -> tuple[dict[str, object],
     sub = Program(tuple(t for t in p.tensors if t.name in keep), kernels)
     try:
         with np.errstate(all="ignore"):     # log(0) in relative-position buckets, ...
-            arrays = execute(sub, {})
+            arrays = execute(sub, {t: constants[t] for t in keep if t in (constants or {})})
     except ExecutionError:
         return {}, []
     facts, dense = {}, []

@@ -99,15 +99,16 @@ def prune_dead(p: Program) -> Program:
     return Program(tensors, tuple(keep), p.notes)
 
 
-def refine(p: Program) -> tuple[Program, set[str], list[str]]:
+def refine(p: Program, constants: dict | None = None) -> tuple[Program, set[str], list[str]]:
     """The known-value and demand passes a frontend runs on the program it built: masks
-    known before the run (data-free tensors, folded) become guards, producers compute only
+    known before the run (data-free tensors and what is computed from ``constants``, the
+    values of the program's constant tensors, folded) become guards, producers compute only
     what their readers read. Returns (program, tensors computed only where read, data-free
     masks no fact describes: counted dense)."""
     from .demand import restrict_to_demand
     from .fold import fold_report
     from .known import propagate_known
-    folded, dense = fold_report(p)
+    folded, dense = fold_report(p, constants=constants)
     shapes = {t.name: t.shape for t in p.tensors}
     bools = frozenset(t.name for t in p.tensors if t.dtype == "bool")
     kernels = propagate_known(list(p.kernels), shapes, {}, folded, bools=bools)

@@ -291,7 +291,8 @@ class JaxLowering:
                 outputs.append({"kind": "output", "ir": None, "value": v, "target": None})
         program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
         program = prune_dead(flatten_bases(program, self.flat))
-        program, partial, dense = refine(program)
+        program, partial, dense = refine(program, {st["ir"]: st["value"] for st in self.state
+                                                   if st["role"] == "constant"})
         for t in dense:
             program = Program(program.tensors, program.kernels, program.notes + (
                 f"assumption: mask {t} is known before the run but is not an affine region: "
