@@ -124,3 +124,74 @@ def test_jax_programs_are_timed_eager_and_jitted(host, tmp_path):
     fused = next(b for b in d["bounds"] if b["mode"] == "fused")
     assert d["headroom"]["jit"]["fused"] == pytest.approx(d["measured"]["jit"]["median"]
                                                           / fused["seconds"])
+
+
+# --- the GPU path, checked here without a GPU ------------------------------------------------
+
+def _gpu_measurements():
+    """What ``measure_cuda`` returns, with the numbers an H200 could give (a fixed example:
+    the spec writer and the comparison are what is tested, not a device)."""
+    def r(v, unit, how):
+        return {"value": v, "min": v * 0.97, "median": v * 0.99, "max": v, "unit": unit,
+                "how": how}
+    return {"device_name": "NVIDIA H200",
+            "vector_fp32": r(52.0e12, "FLOP/s", "torch.mm 8192 float32"),
+            "tensor_tf32": r(380.0e12, "FLOP/s", "torch.mm 8192 float32 (TF32)"),
+            "tensor_bf16": r(700.0e12, "FLOP/s", "torch.mm 8192 bfloat16"),
+            "tensor_fp16": r(720.0e12, "FLOP/s", "torch.mm 8192 float16"),
+            "bandwidth": r(4.2e12, "B/s", "STREAM-style copy"),
+            "memory": (150_121_545_728, "cudaDeviceProp.totalGlobalMem"),
+            "onchip": {"l2": (62_914_560, "cudaDeviceProp.l2CacheSize"),
+                       "smem": (132 * 233_472, "sharedMemPerMultiprocessor x 132 SMs")},
+            "compute": {"sm_count": (132, "cudaDeviceProp.multiProcessorCount")}}
+
+
+def test_a_gpu_calibration_is_a_spec_with_the_catalogs_unmeasured_pipes(tmp_path):
+    from solbound.cli import calibration_comparison
+    from solbound.hardware.catalog import compare_specs, match_device, spec_from_file
+    from solbound.measure.host import spec_toml
+    ref = match_device("NVIDIA H200")
+    path = tmp_path / "gpu.toml"
+    path.write_text(spec_toml(_gpu_measurements(), "torch, CUDA", name="NVIDIA H200",
+                              kind="gpu", vendor="nvidia", fallback=ref))
+    spec = spec_from_file(str(path))
+    # measured pipes as measured, native units (no [units] table on a GPU)
+    assert spec.peaks["tensor_bf16"] == 700.0e12 and spec.bandwidth == 4.2e12
+    assert spec.unit_of("tensor_bf16") == "tensor" and spec.unit_of("sfu") == "sfu"
+    assert spec.onchip == {"l2": 62_914_560, "smem": 132 * 233_472}
+    # what calibrate does not measure comes from the catalog entry, and says so
+    assert spec.peaks["tensor_fp8"] == ref.peaks["tensor_fp8"]
+    assert spec.peaks["sfu"] == ref.peaks["sfu"]
+    assert spec.source("tensor_fp8") == "catalog h200, not measured by calibrate"
+    rows = {k: (m, c) for k, m, c in compare_specs(spec, ref)}
+    assert set(rows) == {"dram.bandwidth", "vector_fp32", "tensor_tf32", "tensor_bf16",
+                         "tensor_fp16", "onchip.l2", "onchip.smem"}
+    assert rows["dram.bandwidth"] == (4.2e12, 4.8e12)
+    text = calibration_comparison(spec)
+    assert "measured against the catalog's h200" in text
+    assert "tensor_bf16" in text and f"{700 / 989.4:7.2f}" in text
+    # a device the catalog does not have is written without fallback pipes and says so
+    path.write_text(spec_toml({**_gpu_measurements(), "device_name": "Tesla V100-SXM2-16GB"},
+                              "torch, CUDA", name="Tesla V100-SXM2-16GB", kind="gpu",
+                              vendor="nvidia", fallback=match_device("Tesla V100-SXM2-16GB")))
+    v100 = spec_from_file(str(path))
+    assert "tensor_fp8" not in v100.peaks
+    assert "no catalog entry matches" in calibration_comparison(v100)
+
+
+def test_asking_for_a_gpu_that_is_not_there_is_a_clear_error(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert main(["calibrate", "--device", "cuda", "--output", os.devnull]) == 2
+    assert "PyTorch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_measure_refuses_inputs_that_would_not_fit(monkeypatch, tmp_path):
+    from solbound.frontends.torch import timing
+    monkeypatch.setattr(timing, "_available", lambda: 1 << 20)     # 1 MiB free
+    path = tmp_path / "gemm.py"
+    path.write_text(PROGRAMS["gemm"])
+    with pytest.raises(timing.MeasureError, match=r"need about 0\.0 GiB .* than this machine "
+                                                  r"has free \(0\.0 GiB\)"):
+        measure_problem(load_problem(str(path)), device="cpu")

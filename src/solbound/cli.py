@@ -155,14 +155,42 @@ def cmd_calibrate(a) -> int:
     from .frontends.torch.calibrate import host_toml
     from .hardware.catalog import spec_from_file
     from .measure.host import host_spec_path
+    from .frontends.torch.timing import MeasureError
     path = a.output or host_spec_path()
-    text = host_toml(quick=a.quick, progress=lambda m: print(m, file=sys.stderr))
+    try:
+        text = host_toml(quick=a.quick, progress=lambda m: print(m, file=sys.stderr),
+                         device=a.device)
+    except MeasureError as e:
+        return _err(str(e))
     _write(path, text)
     spec = spec_from_file(path)           # the file follows the catalog's schema
     print(f"wrote {path}: DRAM {spec.bandwidth / 1e9:.3g} GB/s, "
-          + ", ".join(f"{k} {v / 1e9:.3g} G/s" for k, v in sorted(spec.peaks.items()))
+          + ", ".join(f"{k} {v / 1e9:.3g} G/s" for k, v in sorted(spec.peaks.items())
+                      if not spec.source(k).startswith("catalog "))
           + "; use --arch host")
+    print(calibration_comparison(spec))
     return 0
+
+
+def calibration_comparison(spec) -> str:
+    """What calibrate measured next to the catalog entry the device matches (a GPU), or a
+    line saying there is none to compare with."""
+    from .hardware.catalog import compare_specs, match_device
+    ref = match_device(spec.name) if spec.vendor == "nvidia" else None
+    if ref is None:
+        return ("no catalog entry to compare with" if spec.vendor == "host" else
+                f"{spec.name}: no catalog entry matches this device")
+    lines = [f"measured against the catalog's {ref.id} ({ref.name}):",
+             f"  {'':16s} {'measured':>12s} {'catalog':>12s} {'ratio':>7s}"]
+    for key, mine, theirs in compare_specs(spec, ref):
+        scale, unit = (1, "B") if key.startswith("onchip") else (1e12, "T/s")
+        if key == "dram.bandwidth":
+            scale, unit = 1e12, "TB/s"
+        elif key.startswith("onchip"):
+            scale, unit = 2**20, "MiB"
+        lines.append(f"  {key:16s} {mine / scale:9.4g} {unit:<3s}{theirs / scale:9.4g} "
+                     f"{unit:<3s}{mine / theirs:7.2f}")
+    return "\n".join(lines)
 
 
 def cmd_slope(a) -> int:
@@ -378,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     ca = sub.add_parser("calibrate", help="measure this machine and write its chip spec "
                                           "(then --arch host)")
     ca.add_argument("--quick", action="store_true", help="smaller sizes and fewer trials")
+    ca.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="what to measure: the NVIDIA GPU where PyTorch sees one (auto), or "
+                         "the CPU")
     ca.add_argument("--output", default=None, help="where to write the spec (default: the "
                                                    "config directory, printed)")
     ca.set_defaults(fn=cmd_calibrate)

@@ -215,6 +215,48 @@ def load_spec(arch: str) -> Spec:
     return cat[arch]
 
 
+# CUDA device names (``torch.cuda.get_device_name``, ``nvidia-smi``) -> catalog id, first
+# match wins; a variant the catalog lacks (H100 NVL, A100 PCIe) matches nothing
+_DEVICE_NAMES = (
+    (r"\bh100\b.*\bnvl\b", None), (r"\bh100\b.*\bpcie\b", "h100-pcie"), (r"\bh100\b", "h100-sxm"),
+    (r"\bh200\b.*\bnvl\b", None), (r"\bh200\b", "h200"), (r"\bb200\b", "b200"),
+    (r"\ba100\b.*\bsxm", "a100-sxm"), (r"\brtx a6000\b", "a6000"), (r"\brtx 4090\b", "rtx-4090"),
+    (r"\bl40s\b", "l40s"), (r"\bmi300x\b", "mi300x"), (r"\bthor\b", "jetson-thor"),
+    (r"\borin\b", "jetson-orin"),
+)
+
+
+def match_device(name: str) -> Spec | None:
+    """The catalog entry for a device as CUDA names it, or ``None``.
+
+    >>> [match_device(n).id for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe",
+    ...  "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "NVIDIA B200")]
+    ['h100-sxm', 'h100-pcie', 'h200', 'a100-sxm', 'rtx-4090', 'b200']
+    >>> match_device("NVIDIA H100 NVL") is None, match_device("Tesla V100-SXM2-16GB") is None
+    (True, True)
+    """
+    import re
+    low = name.lower()
+    for pattern, arch in _DEVICE_NAMES:
+        if re.search(pattern, low):
+            return catalog().get(arch) if arch else None
+    return None
+
+
+def compare_specs(measured: Spec, reference: Spec) -> list[tuple[str, float, float]]:
+    """``(key, measured, reference)`` for DRAM bandwidth, every peak and every on-chip
+    level both specs list, in that order: how a calibrated device compares with its
+    catalog entry (a peak from the fallback is the reference's own and is left out)."""
+    rows = [("dram.bandwidth", measured.bandwidth, reference.bandwidth)]
+    for pipe in sorted(measured.peaks):
+        if pipe in reference.peaks and not measured.source(pipe).startswith("catalog "):
+            rows.append((pipe, measured.peaks[pipe], reference.peaks[pipe]))
+    for level in sorted(measured.onchip):
+        if level in reference.onchip:
+            rows.append((f"onchip.{level}", measured.onchip[level], reference.onchip[level]))
+    return rows
+
+
 def parse_archs(text: str | None) -> list[Spec]:
     if not text:
         return [load_spec(a) for a in DEFAULT_ARCHS]

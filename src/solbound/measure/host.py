@@ -72,9 +72,16 @@ def caches() -> dict[str, int]:
     return out
 
 
-def spec_toml(res: dict, framework: str, name: str | None = None) -> str:
+def spec_toml(res: dict, framework: str, name: str | None = None, *, kind: str = "cpu",
+              vendor: str = "host", fallback=None) -> str:
     """The measurements (``res``: key -> value, min, median, max, unit, how) as a chip spec
-    in the catalog's schema; ``framework`` says what measured them."""
+    in the catalog's schema; ``framework`` says what measured them.
+
+    A CPU (``kind="cpu"``): cache capacities from the OS (``res["caches"]``), every pipe
+    on the vector units. A GPU (``kind="gpu"``): on-chip capacities and SM count as the
+    driver reports them (``res["onchip"]``, ``res["compute"]``: level -> (value, how)),
+    pipes on their native units; the pipes not measured (FP64, FP8, INT8) are taken from
+    ``fallback``, the catalog entry the device matches, and say so."""
     host = platform.node() or "host"
     when = datetime.datetime.now().isoformat(timespec="seconds")
     tag = f"solbound calibrate on {host} at {when} ({framework})"
@@ -83,12 +90,26 @@ def spec_toml(res: dict, framework: str, name: str | None = None) -> str:
         src = f"{tag}: {r['how']}, best of the trials"
         return (f'{{ value = {r["value"]:.6g}, unit = "{unit}", source = "{src}", '
                 f'min = {r["min"]:.6g}, median = {r["median"]:.6g}, max = {r["max"]:.6g} }}')
-    lines = ['id = "host"', f'name = "{name or (platform.processor() or platform.machine())} '
-             f'({host}, measured)"', 'vendor = "host"', 'kind = "cpu"',
-             f'notes = "Measured by {tag}. Every pipe runs on the vector units."', "",
-             "[dram]", f"bandwidth = {entry(res['bandwidth'], 'B/s')}", ""]
+
+    def given(value, unit, how):            # counts and bytes exactly
+        v = str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+        return f'{{ value = {v}, unit = "{unit}", source = "{tag}: {how}" }}'
+    default_name = platform.processor() or platform.machine()
+    what = ("Every pipe runs on the vector units." if kind == "cpu" else
+            "Pipes not measured come from the catalog entry named in their source.")
+    lines = ['id = "host"', f'name = "{name or default_name} ({host}, measured)"',
+             f'vendor = "{vendor}"', f'kind = "{kind}"', f'notes = "Measured by {tag}. {what}"',
+             "", "[dram]", f"bandwidth = {entry(res['bandwidth'], 'B/s')}"]
+    if "memory" in res:
+        lines.append(f"capacity = {given(res['memory'][0], 'B', res['memory'][1])}")
+    lines.append("")
     cs = res.get("caches", {})
-    if cs:
+    if res.get("onchip"):
+        lines.append("[onchip]")
+        for key, (value, how) in res["onchip"].items():
+            lines.append(f"{key} = {given(value, 'B', how)}")
+        lines.append("")
+    elif cs:
         lines.append("[onchip]")
         levels = sorted(cs)
         last = levels[-1]
@@ -99,32 +120,47 @@ def spec_toml(res: dict, framework: str, name: str | None = None) -> str:
                 lines.append(f'{key} = {{ value = {cs[lv]}, unit = "B", source = "{tag}: '
                              f'/sys/devices/system/cpu/cpu0/cache ({lv})" }}')
         lines.append("")
+    if res.get("compute"):
+        lines.append("[compute]")
+        for key, (value, how) in res["compute"].items():
+            lines.append(f"{key} = {given(value, 'count' if key == 'sm_count' else 'Hz', how)}")
+        lines.append("")
     lines.append("[peaks]")
-    for key in ("vector_fp32", "tensor_bf16", "sfu"):
+    from ..hardware.catalog import SECTION_KEYS
+    for key in sorted(SECTION_KEYS["peaks"]):
         if key in res:
             lines.append(f"{key} = {entry(res[key], res[key]['unit'])}")
-    lines += ["", "[units]"]
-    # transcendentals stay a pipe of their own: torch.exp's measured rate includes its
-    # loads and stores, below what a fused kernel's in-register exp reaches, so charging it
-    # to the vector units could put a bound above a real kernel
-    for pipe in ("tensor_bf16",):
-        if pipe in res:
-            lines.append(f'{pipe} = {{ value = "vector", source = "a CPU runs it on its vector '
-                         f'units" }}')
+        elif fallback is not None and key in fallback.peaks:
+            e = fallback.entries.get(key, {})
+            unit = e.get("unit", "FLOP/s")
+            lines.append(f'{key} = {{ value = {fallback.peaks[key]:.6g}, unit = "{unit}", '
+                         f'source = "catalog {fallback.id}, not measured by calibrate", '
+                         f'uncertain = true }}')
+    if kind == "cpu":
+        lines += ["", "[units]"]
+        # transcendentals stay a pipe of their own: torch.exp's measured rate includes its
+        # loads and stores, below what a fused kernel's in-register exp reaches, so
+        # charging it to the vector units could put a bound above a real kernel
+        for pipe in ("tensor_bf16",):
+            if pipe in res:
+                lines.append(f'{pipe} = {{ value = "vector", source = "a CPU runs it on its '
+                             f'vector units" }}')
     return "\n".join(lines) + "\n"
 
 
-
-
-def time_calls(call, trials: int, warmup: int) -> dict:
+def time_calls(call, trials: int, warmup: int, flush=None) -> dict:
     """``call()`` timed the way careful benchmarks do: ``warmup`` calls, then ``trials``
     timed calls, each after a write over a buffer twice the largest cache (the caller's
-    inputs and weights come from DRAM); the statistics of the timed ones."""
+    inputs and weights come from DRAM; ``flush()``, where given, flushes the device the
+    call runs on instead); the statistics of the timed ones."""
     import numpy as np
-    flush = np.empty(flush_bytes() // 8)
+    buf = np.empty(flush_bytes() // 8 if flush is None else 1)
     times = []
     for i in range(warmup + trials):
-        flush.fill(i)
+        if flush is None:
+            buf.fill(i)
+        else:
+            flush()
         t0 = time.perf_counter()
         call()
         if i >= warmup:
@@ -141,7 +177,8 @@ def trial_stats(times: list[float]) -> dict:
     """Median and spread of timed trials (seconds)."""
     s = sorted(times)
     return {"median": statistics.median(s), "min": s[0], "max": s[-1],
-            "stdev": statistics.stdev(s) if len(s) > 1 else 0.0, "trials": len(s)}
+            "stdev": statistics.stdev(s) if len(s) > 1 else 0.0, "trials": len(s),
+            "times": list(times)}
 
 
 __all__ = ["config_dir", "host_spec_path", "caches", "spec_toml", "trial_stats", "time_calls",

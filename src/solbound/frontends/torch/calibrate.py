@@ -1,4 +1,5 @@
-"""``solbound calibrate`` on a PyTorch install: measure the machine this runs on.
+"""``solbound calibrate`` on a PyTorch install: measure the machine this runs on (its
+NVIDIA GPU where PyTorch sees one: ``measure_cuda``; else the CPU: ``measure``).
 
 What is measured (on the CPU; all cores, as PyTorch uses them):
 
@@ -108,11 +109,118 @@ def measure(quick: bool = False, trials: int | None = None, progress=print) -> d
     return res
 
 
-def host_toml(quick: bool = False, progress=print) -> str:
-    """Measure and return the spec text."""
+def _cuda_trials(fn, trials: int) -> list[float]:
+    """Seconds per call of ``fn`` on the GPU, CUDA events around each (after a warm-up)."""
+    from .timing import cuda_time_calls
+    st = cuda_time_calls(fn, trials, warmup=1, flush=False)
+    return st["times"]
+
+
+def measure_cuda(quick: bool = False, trials: int | None = None, progress=print) -> dict:
+    """The GPU's measurements, each timed with CUDA events: matmul peaks per dtype
+    (``torch.mm``, cuBLAS; FP32 with TF32 off is the CUDA cores' FMA rate, with TF32 on the
+    tensor cores'), the special-function rate (``exp`` in one compiled kernel, many per
+    element loaded, when ``torch.compile`` works here), DRAM bandwidth (copy and triad over
+    arrays eight times the L2) and what the driver reports (L2, shared memory and
+    registers per SM times SMs, SM count, memory)."""
     import torch
+    trials = trials or (3 if quick else 10)
+    dev = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(dev)
+    res: dict = {"device_name": props.name}
+
+    def mm(dtype, tf32: bool, sizes):
+        best = None
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            for n in sizes:
+                a = torch.randn(n, n, device="cuda").to(dtype)
+                b = torch.randn(n, n, device="cuda").to(dtype)
+                c = torch.empty(n, n, device="cuda", dtype=dtype)
+                r = rates_of(2 * n ** 3, _cuda_trials(lambda: torch.mm(a, b, out=c), trials))
+                r["how"] = (f"torch.mm {n}x{n}x{n} {str(dtype).replace('torch.', '')}"
+                            f"{' (TF32)' if tf32 else ''}, CUDA events")
+                if best is None or r["value"] > best["value"]:
+                    best = r
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+        return {**best, "unit": "FLOP/s"}
+    sizes = [4096] if quick else [4096, 8192]
+    for key, dtype, tf32 in (("vector_fp32", torch.float32, False),
+                             ("tensor_tf32", torch.float32, True),
+                             ("tensor_bf16", torch.bfloat16, False),
+                             ("tensor_fp16", torch.float16, False)):
+        progress(f"calibrate: {key} (torch.mm on {props.name})")
+        res[key] = mm(dtype, tf32, sizes)
+    progress("calibrate: special functions (exp, one compiled kernel)")
+    try:
+        res["sfu"] = _cuda_sfu(trials)
+    except Exception as e:  # noqa: BLE001  (no Triton, no compiler: the pipe is not measured)
+        progress(f"calibrate: special functions not measured ({type(e).__name__}: "
+                 f"{str(e).splitlines()[0][:120] if str(e) else ''})")
+    elems = max(8 * props.L2_cache_size, 256 << 20) // 4
+    a = torch.rand(elems, device="cuda")
+    b = torch.empty(elems, device="cuda")
+    c = torch.rand(elems, device="cuda")
+    progress(f"calibrate: DRAM bandwidth ({elems * 4 / 2**20:.0f} MiB arrays)")
+    copy = rates_of(2 * 4 * elems, _cuda_trials(lambda: b.copy_(a), trials))
+    triad = rates_of(3 * 4 * elems, _cuda_trials(lambda: torch.add(c, a, alpha=3.0, out=b),
+                                                 trials))
+    bw = copy if copy["value"] >= triad["value"] else triad
+    res["bandwidth"] = {**bw, "unit": "B/s",
+                        "how": f"STREAM-style {'copy' if bw is copy else 'triad'} over "
+                               f"{elems * 4 / 2**20:.0f} MiB arrays, CUDA events (copy best "
+                               f"{copy['value'] / 1e9:.4g} GB/s, triad best "
+                               f"{triad['value'] / 1e9:.4g} GB/s)"}
+    res["memory"] = (props.total_memory, "cudaDeviceProp.totalGlobalMem")
+    sms = props.multi_processor_count
+    onchip = {"l2": (props.L2_cache_size, "cudaDeviceProp.l2CacheSize")}
+    smem = getattr(props, "shared_memory_per_multiprocessor", None)
+    if smem:
+        onchip["smem"] = (smem * sms, f"cudaDeviceProp.sharedMemPerMultiprocessor x {sms} SMs")
+    regs = getattr(props, "regs_per_multiprocessor", None)
+    if regs:
+        onchip["regs"] = (regs * 4 * sms, f"cudaDeviceProp.regsPerMultiprocessor x 4 B x "
+                                          f"{sms} SMs")
+    res["onchip"] = onchip
+    res["compute"] = {"sm_count": (sms, "cudaDeviceProp.multiProcessorCount")}
+    return res
+
+
+def _cuda_sfu(trials: int) -> dict:
+    """``exp`` throughput: one compiled kernel that loads each element once and applies
+    ``exp`` 64 times (``x = exp(-x)`` stays in (0, 1]), so the loads are negligible."""
+    import torch
+    reps = 64
+
+    def chain(x):
+        for _ in range(reps):
+            x = torch.exp(-x)
+        return x
+    f = torch.compile(chain, fullgraph=True)
+    n = 1 << 26
+    x = torch.rand(n, device="cuda")
+    f(x)
+    torch.cuda.synchronize()
+    r = rates_of(n * reps, _cuda_trials(lambda: f(x), trials))
+    return {**r, "unit": "OP/s", "how": f"exp applied {reps} times per element of {n} in one "
+                                        f"compiled kernel, CUDA events"}
+
+
+def host_toml(quick: bool = False, progress=print, device: str | None = None) -> str:
+    """Measure and return the spec text: the GPU where PyTorch sees one (or ``device``),
+    else the CPU."""
+    import torch
+    from .timing import device_of_choice
+    if device_of_choice(device) == "cuda":
+        from ...hardware.catalog import match_device
+        res = measure_cuda(quick=quick, progress=progress)
+        ref = match_device(res["device_name"])
+        return spec_toml(res, f"torch {torch.__version__}, CUDA {torch.version.cuda}",
+                         name=res["device_name"], kind="gpu", vendor="nvidia", fallback=ref)
     res = measure(quick=quick, progress=progress)
     return spec_toml(res, f"torch {torch.__version__}, {torch.get_num_threads()} threads")
 
 
-__all__ = ["measure", "host_toml"]
+__all__ = ["measure", "measure_cuda", "host_toml"]
