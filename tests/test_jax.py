@@ -450,3 +450,32 @@ def test_batched_gathers_and_windows_at_run_time_starts():
         assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
     x = rep.lowered.inputs[0]["ir"]
     assert rep.counts.fused.reads[x] <= 4 * 8 * 4
+
+
+def test_batched_scatters_vmapped_cache_writes_and_put_along_axis():
+    """Scatters with operand batching dimensions, as ``vmap`` and ``put_along_axis`` emit
+    them: a per-sequence KV-cache write (a vmapped ``dynamic_update_slice``: a window at a
+    run-time start per batch element, clamped as JAX clamps it), a vmapped ``.at[].add``
+    and ``put_along_axis`` (indices with their batch positions)."""
+    def write(cache, rows, pos):
+        return jax.vmap(lambda c, r, p: jax.lax.dynamic_update_slice(c, r, (p, 0)))(
+            cache, rows, pos)
+    # positions chosen so that one window is clamped (14 + 4 > 16 starts at 12)
+    pos = jnp.array([0, 5, 14], dtype=jnp.int32)
+    rep = solbound.analyze(write, (S((3, 16, 8), F32), S((3, 4, 8), F32), pos), validate=True)
+    assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+    # updated in place: the rows and positions are read, 3 x 4 x 8 elements written
+    assert rep.counts.fused.bytes == 4 * (3 * 16 * 8 + 3 * 4 * 8 + 3) + 4 * 3 * 16 * 8
+
+    def add(x, i, v):
+        return jax.vmap(lambda a, j, w: a.at[j].add(w))(x, i, v)
+    ids = jnp.array([[0, 3, 3], [1, 1, 9], [2, 0, 5], [4, 4, 4]], dtype=jnp.int32)
+    rep = solbound.analyze(add, (S((4, 10, 2), F32), ids, S((4, 3, 2), F32)), validate=True)
+    assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+    # one add per update element, and jnp's wrap of negative indices (lt, add, select) on
+    # each of the 4 x 3 indices
+    assert rep.counts.flops["vector"] == 4 * 3 * 2 + 3 * 4 * 3
+
+    rep = solbound.analyze(lambda x, i, v: jnp.put_along_axis(x, i, v, axis=1, inplace=False),
+                           (S((4, 10), F32), ids, S((4, 3), F32)), validate=True)
+    assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"

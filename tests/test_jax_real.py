@@ -203,6 +203,7 @@ def test_gemma_library_gemma3_with_static_positions_counts_the_band():
     def pairs(layer):       # gemma/gm/nn/_modules.py: create_sliding_mask, then AND causal
         return sum(min(q + 1, W) for q in range(T)) if layer % 6 < 5 else T * (T + 1) // 2
     assert rep.counts.macs == _gemma3_small_macs(T, pairs) == 31_394_816
+    assert rep.to_dict()["assumptions"] == []
 
 
 def test_gemma_library_gemma3_default_call_counts_causal_pairs():
@@ -216,3 +217,7 @@ def test_gemma_library_gemma3_default_call_counts_causal_pairs():
     assert rep.lowered.unsupported == []
     assert rep.validation["status"] == "passed", rep.validation
     assert rep.counts.macs == _gemma3_small_macs(T, lambda i: T * (T + 1) // 2) == 31_778_816
+    # and says so: the tokens are an input a mask is computed from
+    tok = rep.lowered.inputs[-1]["ir"]
+    assert any(a.startswith(f"assumption: input {tok} is known only at run time and a mask")
+               for a in rep.to_dict()["assumptions"])

@@ -99,6 +99,71 @@ def prune_dead(p: Program) -> Program:
     return Program(tensors, tuple(keep), p.notes)
 
 
+def _value_reads(e) -> list[Access]:
+    """The accesses whose values an expression uses, not those inside an access's index."""
+    if isinstance(e, Access):
+        return [e]
+    if isinstance(e, Call):
+        return [a for x in e.args for a in _value_reads(x)]
+    return []
+
+
+def runtime_mask_notes(p: Program, seeded=frozenset(), noted: tuple[str, ...] = ()) -> list[str]:
+    """Notes naming the inputs (and buffers) that may mask work but whose values only the
+    run knows: what they may mask is counted, and the note says so. ``seeded``: tensors
+    whose values the frontend stated (not named); ``noted``: notes already made.
+
+    * an input combined, in one kernel, with attention scores (an additive mask), and any
+      boolean input;
+    * the integer and boolean inputs a mask is computed from, where the mask is combined
+      with a product's result (the product, or a copy of it: a reshape or transpose JAX
+      materializes), found through integer and boolean producers (a gather's index is not a
+      mask: indices inside an access are not followed)."""
+    from .model import accesses
+    notes: list[str] = []
+    scores = {k.out for k in p.kernels if k.unit == "attention"}
+    with_scores = set()
+    for k in p.kernels:
+        reads = {a.tensor for a in accesses(k.body)}
+        if reads & scores:
+            with_scores |= reads
+    for t in p.by_role("input"):
+        if t.dtype == "bool" or t.name in with_scores:
+            notes.append(f"assumption: input {t.name} is known only at run time: work it "
+                         f"may mask is counted dense (a mask built from indices in the "
+                         f"program, a causal flag, or a constant would be skipped)")
+    products = {k.out for k in p.kernels if k.unit}
+    for k in p.kernels:         # copies of a product's result carry it (views made real)
+        if isinstance(k.body, Access) and k.body.tensor in products and not k.reduce:
+            products.add(k.out)
+    writers: dict[str, list] = {}
+    with_products: set[str] = set()
+    for k in p.kernels:
+        writers.setdefault(k.out, []).append(k)
+        reads = {a.tensor for a in _value_reads(k.body)}
+        if reads & products:
+            with_products |= reads - products
+    tmap = p.tensor_map
+    ints = ("i64", "i32", "i16", "i8", "u8", "bool")
+    todo, seen = list(with_products), set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        for k in writers.get(t, ()):
+            todo.extend(a.tensor for a in _value_reads(k.body)
+                        if a.tensor not in products and tmap[a.tensor].dtype in ints)
+    done = tuple(noted) + tuple(notes)
+    for t in sorted(seen):
+        d = tmap[t]
+        if d.role in ("buffer", "input") and t not in seeded and d.dtype in ints:
+            if not any(n.startswith(f"assumption: input {t} ") for n in done):
+                notes.append(f"assumption: {d.role} {t} is known only at run time and a mask "
+                             f"is computed from it: the work it may mask is counted dense")
+    return notes
+
+
 def refine(p: Program, constants: dict | None = None) -> tuple[Program, set[str], list[str]]:
     """The known-value and demand passes a frontend runs on the program it built: masks
     known before the run (data-free tensors and what is computed from ``constants``, the

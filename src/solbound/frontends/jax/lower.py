@@ -293,6 +293,9 @@ class JaxLowering:
         program = prune_dead(flatten_bases(program, self.flat))
         program, partial, dense = refine(program, {st["ir"]: st["value"] for st in self.state
                                                    if st["role"] == "constant"})
+        from ...ir.passes import runtime_mask_notes
+        program = Program(program.tensors, program.kernels, program.notes + tuple(
+            runtime_mask_notes(program, noted=program.notes)))
         for t in dense:
             program = Program(program.tensors, program.kernels, program.notes + (
                 f"assumption: mask {t} is known before the run but is not an affine region: "

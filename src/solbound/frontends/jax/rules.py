@@ -735,15 +735,13 @@ def sort(ctx: Ctx) -> None:
 
 def _scatter(combine):
     def fn(ctx: Ctx) -> None:
-        """``x.at[idx].set/add/max/min(v)`` as jnp emits it: indexed operand dimensions are
-        inserted (one element each, at a position read from the index tensor), the others
-        are the update's window; a scatter kernel writes (or combines) every update element
-        into a copy of the operand (indices assumed in bounds)."""
+        """``x.at[idx].set/add/max/min(v)`` as jnp emits it, vmapped updates (operand
+        batching dimensions) and windows at run-time starts (a vmapped
+        ``dynamic_update_slice``, its start clamped as JAX clamps it): a scatter kernel
+        writes (or combines) every update element into a copy of the operand (indices of
+        single elements assumed in bounds)."""
         x, ind, upd = (_as_view(ctx, a) if isinstance(a, JView) else a for a in ctx.args[:3])
         dn = ctx.params["dimension_numbers"]
-        if dn.operand_batching_dims or \
-                not set(dn.scatter_dims_to_operand_dims) <= set(dn.inserted_window_dims):
-            raise JaxLoweringError("scatter of windows at data-dependent starts or batched operands")
         out = ctx.output()
         ctx.low._copy_into(x, out)
         if not isinstance(upd, JView):
@@ -752,10 +750,38 @@ def _scatter(combine):
             upd_shape = upd.shape
         dims = _dims(upd_shape)
         uv = _vars(dims)
-        batch = [uv[i] for i in range(len(upd_shape)) if i not in dn.update_window_dims]
-        window = iter(uv[i] for i in dn.update_window_dims)
-        oi = _indexed_coords(ctx, out.ndim, ind, batch, window,
-                             dn.scatter_dims_to_operand_dims, dn.inserted_window_dims)
+        wdims = [int(i) for i in dn.update_window_dims]
+        bpos = [i for i in range(len(upd_shape)) if i not in wdims]
+        batch = [uv[i] for i in bpos]
+        smap = [int(d) for d in dn.scatter_dims_to_operand_dims]
+        inserted = {int(d) for d in dn.inserted_window_dims}
+        obatch = [int(d) for d in dn.operand_batching_dims]
+        ibatch = [int(d) for d in dn.scatter_indices_batching_dims]
+        vec = ind.ndim == len(batch) + 1            # a trailing index-vector dimension
+
+        def start(b, m):
+            return ctx.load(ind, b + [Aff.lit(m)]) if vec else ctx.load(ind, b)
+        # per operand dimension: a batching dimension follows its paired index dimension
+        # (a vmapped update); an inserted one is one element at an index read from the
+        # index tensor; a window at a run-time start (a vmapped dynamic_update_slice: a
+        # KV-cache row per sequence) walks clamp(start) + w; any other is the window from 0
+        window = iter(zip(wdims, (uv[i] for i in wdims)))
+        oi = []
+        for d in range(out.ndim):
+            if d in obatch:
+                oi.append(batch[ibatch[obatch.index(d)]])
+            elif d in smap and d in inserted:
+                oi.append(start(batch, smap.index(d)))
+            elif d in inserted:
+                oi.append(Aff.lit(0))
+            elif d in smap:
+                wi, w = next(window)
+                pos = _window_coords(ctx, [upd_shape[i] for i in bpos],
+                                     lambda b, m=smap.index(d): start(b, m), out.shape[d],
+                                     upd_shape[wi])
+                oi.append(ctx.load(pos, batch + [w]))
+            else:
+                oi.append(next(window)[1])
         body = ctx.load(upd, uv) if isinstance(upd, JView) else Const(upd)
         k_dims = tuple((d, n) for d, n in dims)
         k = Kernel(name=ctx.low.kernel_name(), dims=k_dims, out=out.base, out_index=tuple(oi),

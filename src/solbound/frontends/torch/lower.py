@@ -27,7 +27,8 @@ from ...ir.affine import Aff, Atom, Guard
 from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl, accesses, kernel_reads,
                          subst_expr)
 from ...ir.demand import restrict_to_demand
-from ...ir.passes import FlatIndirectError, contiguous_strides, flatten_bases, prune_dead
+from ...ir.passes import (FlatIndirectError, contiguous_strides, flatten_bases, prune_dead,
+                          runtime_mask_notes)
 from ..contract import LoweredProgram, Unsupported  # noqa: F401  (re-exported)
 from ...ir.fold import fold_report
 from ...ir.known import UNKNOWN, Cond, Known, propagate_known, seed_from_structure
@@ -575,49 +576,7 @@ class Lowering:
 
     def _runtime_mask_notes(self, program: Program, seeded: set[str] = frozenset()) -> None:
         """Name the inputs that may mask work but whose values only the run knows."""
-        # an additive mask: an input combined, in one kernel, with attention scores
-        scores = {k.out for k in program.kernels if k.unit == "attention"}
-        with_scores = set()
-        for k in program.kernels:
-            reads = {a.tensor for a in accesses(k.body)}
-            if reads & scores:
-                with_scores |= reads
-        for t in program.by_role("input"):
-            if t.dtype == "bool" or t.name in with_scores:
-                self.notes.append(f"assumption: input {t.name} is known only at run time: work it "
-                                  f"may mask is counted dense (a mask built from indices in "
-                                  f"forward, is_causal, or a constant buffer would be skipped)")
-        # a mask computed from values the trace did not see (a position input, a cache's
-        # fill counter on the meta device): the integer and boolean sources of what is
-        # combined with a product's result, through integer and boolean producers (a
-        # gather's index is not a mask: indices inside an access are not followed)
-        products = {k.out for k in program.kernels if k.unit}
-        writers: dict[str, list[Kernel]] = {}
-        with_products: set[str] = set()
-        for k in program.kernels:
-            writers.setdefault(k.out, []).append(k)
-            reads = {a.tensor for a in _value_reads(k.body)}
-            if reads & products:
-                with_products |= reads - products
-        tmap = program.tensor_map
-        ints = ("i64", "i32", "i16", "i8", "u8", "bool")
-        todo, seen = list(with_products), set()
-        while todo:
-            t = todo.pop()
-            if t in seen:
-                continue
-            seen.add(t)
-            for k in writers.get(t, ()):
-                todo.extend(a.tensor for a in _value_reads(k.body)
-                            if a.tensor not in products and tmap[a.tensor].dtype in ints)
-        noted = {n for n in self.notes}
-        for t in sorted(seen):
-            d = tmap[t]
-            if d.role in ("buffer", "input") and t not in seeded and d.dtype in ints:
-                note = (f"assumption: {d.role} {t} is known only at run time and a mask is "
-                        f"computed from it: the work it may mask is counted dense")
-                if not any(n.startswith(f"assumption: input {t} ") for n in noted):
-                    self.notes.append(note)
+        self.notes.extend(runtime_mask_notes(program, seeded, tuple(self.notes)))
 
     def _state_seeds(self, state: list[dict], program: Program, written: set[str]) -> dict:
         """Facts of constant buffers built triangular (a causal mask made in ``__init__``) that
@@ -815,15 +774,6 @@ def _flat_views(v) -> list[View]:
 def _assumes(ep) -> bool:
     """Was the program traced under a routing or selection-size assumption?"""
     return bool(getattr(ep, "solbound_routing", None) or getattr(ep, "solbound_sizes_assumed", False))
-
-
-def _value_reads(e: Expr) -> list[Access]:
-    """The accesses whose values an expression uses, not those inside an access's index."""
-    if isinstance(e, Access):
-        return [e]
-    if isinstance(e, Call):
-        return [a for x in e.args for a in _value_reads(x)]
-    return []
 
 
 def lower(ep, user_files: tuple[str, ...] = (), input_structure=(),
