@@ -155,6 +155,15 @@ def values_count(terms: list[tuple[str, int]], const: int, ranges: dict[str, tup
     if interval:
         lo, hi = max(base, clip_lo), min(base + span, clip_hi - 1)
         return max(0, hi - lo + 1)
+    # mixed radix: each step beyond the span so far, so every point is a distinct value
+    reach, injective = 0, True
+    for c, n in items:
+        if c <= reach:
+            injective = False
+            break
+        reach += c * n
+    if injective and clip_lo <= base and base + span < clip_hi:
+        return math.prod(n + 1 for _, n in items)
     if span + 1 > BITMAP_LIMIT:
         raise OverflowError("index range too large for an exact count")
     bm = np.zeros(span + 1, dtype=bool)
