@@ -479,3 +479,25 @@ def test_batched_scatters_vmapped_cache_writes_and_put_along_axis():
     rep = solbound.analyze(lambda x, i, v: jnp.put_along_axis(x, i, v, axis=1, inplace=False),
                            (S((4, 10), F32), ids, S((4, 3), F32)), validate=True)
     assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+
+
+def test_fixed_width_integers_wrap_and_shift_as_jax_does():
+    """u32 and i32 arithmetic held in int64 wraps to its width when written: products and
+    differences that overflow, left shifts, arithmetic right shifts of negative values.
+    Validation is exact (tolerance 0 for integers)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    a = jnp.array(rng.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32))
+
+    def f(x, b):
+        y = x.astype(jnp.int32)                          # wraps to negative values
+        return ((x * b) >> 16) + (x - b) + (b << 7), (y * 3) >> 2, (y << 3) - y * 1000003
+    rep = solbound.analyze(f, (a, a[::-1]), validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed" and rep.validation["tolerance"] == 0.0
+    # 11 elementwise operations on 64 elements (the conversion is not arithmetic)
+    assert rep.counts.flops["vector"] == 11 * 64
+    # a logical right shift of a signed integer is named, not guessed
+    rep = solbound.analyze(lambda y: jax.lax.shift_right_logical(y, jnp.int32(3)),
+                           (S((8,), jnp.int32),))
+    assert [u.operator for u in rep.lowered.unsupported] == ["jax.shift_right_logical"]

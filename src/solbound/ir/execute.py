@@ -43,6 +43,28 @@ def np_dtype(dtype: str, wide: bool = False):
     return np.int64
 
 
+# fixed-width integers the executor holds in int64: (bits, signed)
+INT_WIDTHS = {"i8": (8, True), "u8": (8, False), "i16": (16, True), "u16": (16, False),
+              "i32": (32, True), "u32": (32, False)}
+
+
+def wrap_int(a, dtype: str):
+    """``a`` (int64) reduced to ``dtype``'s range as the hardware wraps it: modulo 2^bits,
+    two's complement for signed types. int64 arithmetic already wraps modulo 2^64, which
+    2^bits divides, so wrapping each kernel's result gives the narrow type's sums,
+    differences and products exactly (``jax.random``'s u32 hash arithmetic).
+
+    >>> wrap_int(np.array([2**32 + 5, -1]), "u32").tolist(), wrap_int(np.array([2**31]), "i32").tolist()
+    ([5, 4294967295], [-2147483648])
+    """
+    bits, signed = INT_WIDTHS[dtype]
+    a = np.asarray(a, dtype=np.int64)
+    if signed:
+        half = np.int64(1) << (bits - 1)
+        return ((a + half) & ((np.int64(1) << bits) - 1)) - half
+    return a & ((np.int64(1) << bits) - 1)
+
+
 def _erf(x):
     from scipy.special import erf
     return erf(x)
@@ -91,6 +113,7 @@ OPS: dict[str, Callable] = {
     "complex": lambda re, im: np.asarray(re) + 1j * np.asarray(im), "real": np.real,
     "imag": np.imag,
     "shr": lambda a, b: np.right_shift(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)),
+    "shl": lambda a, b: np.left_shift(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)),
     "bitcast_f32": lambda a: np.asarray(a, dtype=np.int64).astype(np.uint32).view(np.float32),
 }
 
@@ -218,8 +241,10 @@ class _KernelExec:
             if dt == "bool":
                 return a != 0
             if np_dtype(dt) == np.int64 and np.issubdtype(np.asarray(a).dtype, np.floating):
-                return np.trunc(a).astype(np.int64)
-            return np.asarray(a).astype(np_dtype(dt, self.wide))
+                a = np.trunc(a).astype(np.int64)
+                return wrap_int(a, dt) if dt in INT_WIDTHS else a
+            a = np.asarray(a).astype(np_dtype(dt, self.wide))
+            return wrap_int(a, dt) if dt in INT_WIDTHS else a
         with np.errstate(all="ignore"):
             return OPS[e.op](*args)
 
@@ -460,6 +485,9 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
     def run_one(k: Kernel, shown: Kernel) -> None:
         try:
             _KernelExec(k, arrays, decls, wide).run()
+            for o in k.outputs:             # a narrow integer result wraps
+                if decls[o].dtype in INT_WIDTHS:
+                    arrays[o][...] = wrap_int(arrays[o], decls[o].dtype)
         except ExecutionError:
             raise
         except Exception as e:  # noqa: BLE001 - name the kernel
@@ -479,4 +507,4 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
     return arrays
 
 
-__all__ = ["execute", "ExecutionError", "np_dtype", "Atom"]
+__all__ = ["execute", "ExecutionError", "np_dtype", "Atom", "wrap_int"]

@@ -22,7 +22,7 @@ from .affine import Aff, Atom, Guard
 
 DTYPE_BYTES: dict[str, int] = {
     "f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8e4m3": 1, "f8e5m2": 1,
-    "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1,
+    "i64": 8, "i32": 4, "u32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1,
     "c64": 8, "c128": 16,
 }
 FLOAT_DTYPES = frozenset({"f64", "f32", "f16", "bf16", "f8e4m3", "f8e5m2"})
@@ -86,9 +86,11 @@ SCALAR_OPS: dict[str, tuple[int, str | None]] = {
     # against the framework's generator; validation replays the framework's draws. Its
     # operands (a PRNG key, a seed) are read, not used: they order the draw after them
     "rand": (-1, VECTOR),
-    # bits: a logical right shift of a non-negative integer; the float32 whose IEEE bits are
-    # the low 32 bits of an integer (no arithmetic: a reinterpretation)
-    "shr": (2, VECTOR), "bitcast_f32": (1, None),
+    # bits: a right shift (of the integer's int64 value: logical for a non-negative one,
+    # arithmetic for a negative one), a left shift (wrapped to the result's width when
+    # written); the float32 whose IEEE bits are the low 32 bits of an integer (no
+    # arithmetic: a reinterpretation)
+    "shr": (2, VECTOR), "shl": (2, VECTOR), "bitcast_f32": (1, None),
     # special functions (transcendentals; one special-function-unit op each)
     "exp": (1, SPECIAL), "exp2": (1, SPECIAL), "log": (1, SPECIAL), "log2": (1, SPECIAL),
     "log1p": (1, SPECIAL), "expm1": (1, SPECIAL), "tanh": (1, SPECIAL),

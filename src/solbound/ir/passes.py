@@ -144,7 +144,7 @@ def runtime_mask_notes(p: Program, seeded=frozenset(), noted: tuple[str, ...] = 
         if reads & products:
             with_products |= reads - products
     tmap = p.tensor_map
-    ints = ("i64", "i32", "i16", "i8", "u8", "bool")
+    ints = ("i64", "i32", "u32", "i16", "i8", "u8", "bool")
     todo, seen = list(with_products), set()
     while todo:
         t = todo.pop()

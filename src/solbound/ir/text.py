@@ -319,7 +319,7 @@ class _KernelParser:
         for el in elts:
             if isinstance(el, ast.Subscript):
                 inner = self.access(el)
-                if self.tensors[inner.tensor].dtype not in ("i64", "i32", "i16", "i8", "u8", "bool"):
+                if self.tensors[inner.tensor].dtype not in ("i64", "i32", "u32", "i16", "i8", "u8", "bool"):
                     raise _err(el, f"indirect index {inner.tensor} must have an integer dtype")
                 idx.append(inner)
             else:

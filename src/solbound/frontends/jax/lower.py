@@ -30,7 +30,7 @@ from ..contract import FrontendError, LoweredProgram, Unsupported
 
 DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
           "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8",
-          "uint32": "i32", "bool": "bool", "complex64": "c64", "complex128": "c128"}
+          "uint32": "u32", "bool": "bool", "complex64": "c64", "complex128": "c128"}
 
 
 class JaxLoweringError(Exception):
@@ -55,7 +55,7 @@ def aval_ir(aval) -> tuple[tuple[int, ...], str]:
     data, ``u32[S, 2]``."""
     ks = _key_shape(aval.dtype)
     if ks is not None:
-        return tuple(aval.shape) + ks, "i32"
+        return tuple(aval.shape) + ks, "u32"
     return tuple(aval.shape), ir_dtype(aval.dtype)
 
 

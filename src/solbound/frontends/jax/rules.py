@@ -113,7 +113,26 @@ def convert(ctx: Ctx) -> None:
 
 @rule("shift_right_logical")
 def shift_right_logical(ctx: Ctx) -> None:
+    """A logical right shift. The IR holds integers by value, so it is exact for unsigned
+    and non-negative operands (``jax.random``'s bits); a negative signed one is named."""
+    if str(ctx.eqn.invars[0].aval.dtype).startswith("int"):
+        raise JaxLoweringError("a logical right shift of a signed integer")
     _elementwise(ctx, lambda a, b: Call("shr", (a, b)))
+
+
+@rule("shift_right_arithmetic")
+def shift_right_arithmetic(ctx: Ctx) -> None:
+    """An arithmetic right shift of a signed integer (sign-filling: the int64 shift of its
+    value); of an unsigned one it would reinterpret the top bit, which is named."""
+    if str(ctx.eqn.invars[0].aval.dtype).startswith("uint"):
+        raise JaxLoweringError("an arithmetic right shift of an unsigned integer")
+    _elementwise(ctx, lambda a, b: Call("shr", (a, b)))
+
+
+@rule("shift_left")
+def shift_left(ctx: Ctx) -> None:
+    """A left shift; the result wraps to its width when written (``ir.execute.wrap_int``)."""
+    _elementwise(ctx, lambda a, b: Call("shl", (a, b)))
 
 
 @rule("bitcast_convert_type")
