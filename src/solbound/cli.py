@@ -183,11 +183,8 @@ def calibration_comparison(spec) -> str:
     lines = [f"measured against the catalog's {ref.id} ({ref.name}):",
              f"  {'':16s} {'measured':>12s} {'catalog':>12s} {'ratio':>7s}"]
     for key, mine, theirs in compare_specs(spec, ref):
-        scale, unit = (1, "B") if key.startswith("onchip") else (1e12, "T/s")
-        if key == "dram.bandwidth":
-            scale, unit = 1e12, "TB/s"
-        elif key.startswith("onchip"):
-            scale, unit = 2**20, "MiB"
+        scale, unit = ((2**20, "MiB") if key.startswith("onchip") else
+                       (1e12, "TB/s") if key == "dram.bandwidth" else (1e12, "T/s"))
         lines.append(f"  {key:16s} {mine / scale:9.4g} {unit:<3s}{theirs / scale:9.4g} "
                      f"{unit:<3s}{mine / theirs:7.2f}")
     return "\n".join(lines)

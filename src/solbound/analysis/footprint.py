@@ -155,15 +155,8 @@ def values_count(terms: list[tuple[str, int]], const: int, ranges: dict[str, tup
     if interval:
         lo, hi = max(base, clip_lo), min(base + span, clip_hi - 1)
         return max(0, hi - lo + 1)
-    # mixed radix: each step beyond the span so far, so every point is a distinct value
-    reach, injective = 0, True
-    for c, n in items:
-        if c <= reach:
-            injective = False
-            break
-        reach += c * n
-    if injective and clip_lo <= base and base + span < clip_hi:
-        return math.prod(n + 1 for _, n in items)
+    if _mixed_radix(items) and clip_lo <= base and base + span < clip_hi:
+        return math.prod(n + 1 for _, n in items)      # every point a distinct value
     if span + 1 > BITMAP_LIMIT:
         raise OverflowError("index range too large for an exact count")
     bm = np.zeros(span + 1, dtype=bool)
@@ -173,6 +166,22 @@ def values_count(terms: list[tuple[str, int]], const: int, ranges: dict[str, tup
     lo = max(clip_lo - base, 0)
     hi = min(clip_hi - base, span + 1)
     return int(bm[lo:hi].sum()) if hi > lo else 0
+
+
+def _mixed_radix(steps) -> bool:
+    """Whether ``sum(c*t)``, ``t`` in ``[0, n]`` for each ``(c, n)`` (``c > 0``), takes a
+    distinct value at every point: each step, smallest first, is beyond the span of the
+    smaller ones.
+
+    >>> _mixed_radix([(1, 7), (8, 3)]), _mixed_radix([(1, 7), (4, 3)])
+    (True, False)
+    """
+    reach = 0
+    for c, n in sorted(steps):
+        if c <= reach:
+            return False
+        reach += c * n
+    return True
 
 
 def _dilate(bm: np.ndarray, c: int, n: int) -> np.ndarray:
@@ -236,14 +245,10 @@ def _injective_in_range(vars_, extents, exprs: list[Aff], shape: list[int]) -> b
     seen: set[str] = set()
     for e, n in zip(exprs, shape):
         terms = [(v, c) for v, c in e.terms if extents[v] > 1]
-        if seen & {v for v, _ in terms}:
+        if seen & {v for v, _ in terms} or \
+                not _mixed_radix([(abs(c), extents[v] - 1) for v, c in terms]):
             return False
         seen |= {v for v, _ in e.terms}
-        span = 0
-        for v, c in sorted(terms, key=lambda t: abs(t[1])):
-            if abs(c) <= span:
-                return False
-            span += abs(c) * (extents[v] - 1)
         lo = e.const + sum(min(0, c) * (extents[v] - 1) for v, c in e.terms)
         hi = e.const + sum(max(0, c) * (extents[v] - 1) for v, c in e.terms)
         if lo < 0 or hi >= n:

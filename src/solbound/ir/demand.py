@@ -102,43 +102,39 @@ def _digit_vars(pos: int, e: Aff, coefs: tuple[int, ...]) -> dict[str, str]:
 
 
 def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None], set[Atom],
-                                                    list, set[Atom]]:
-    """(box per coordinate, atoms over x0, x1, ..., mixed-radix digits per coordinate,
-    atoms over digit variables (``_digit_name``)) containing what ``acc`` reads. The last
-    keep a guard that couples the digits of one flattened coordinate (``t*32 + n*8 + s``
-    read under ``s <= t``: a causal mask over a flattened score tensor)."""
+                                                    list]:
+    """(box per coordinate, atoms, mixed-radix digits per coordinate) containing what
+    ``acc`` reads. The atoms are the reader's guard atoms over tensor coordinates
+    ``x0, x1, ...`` (a variable that is the whole index of one coordinate) and over digit
+    variables (``_digit_name``: a variable that is one digit of a flattened coordinate), so
+    a guard coupling the digits of one flattened coordinate is kept (``t*32 + n*8 + s`` read
+    under ``s <= t``: a causal mask over a flattened score tensor)."""
     rng = _var_ranges(k)
     digits = [None if isinstance(e, Access) else _digits(e, rng) for e in acc.index]
     box: list[tuple[int, int] | None] = []
-    owner: dict[str, Aff] = {}          # loop variable -> its value in tensor coordinates
-    for pos, e in enumerate(acc.index):
+    # loop variable -> its value in tensor coordinates or digit variables (used by one
+    # coordinate only)
+    tvar: dict[str, Aff] = {}
+
+    def alone(v):
+        return sum(1 for f in acc.index if isinstance(f, Aff) and v in f.vars) == 1
+    for pos, (e, dg) in enumerate(zip(acc.index, digits)):
         if isinstance(e, Access):
             box.append(None)
             continue
-        lo, hi = _bounds(e, rng)
-        box.append((lo, hi))
+        box.append(_bounds(e, rng))
         v = e.terms[0][0] if len(e.terms) == 1 and e.terms[0][1] == 1 else None
-        if v is not None and sum(1 for f in acc.index if isinstance(f, Aff) and v in f.vars) == 1:
-            owner[v] = Aff.var(_X.format(pos)) - e.const
+        if v is not None and alone(v):
+            tvar[v] = Aff.var(_X.format(pos)) - e.const
+        if dg is not None:
+            tvar.update({v: Aff.var(name) for v, name in _digit_vars(pos, e, dg[0]).items()
+                         if alone(v)})
     atoms = set()
     for a in k.guard:
-        if a.expr.vars and all(v in owner for v in a.expr.vars):
-            e = a.expr.subst(owner)
+        if a.expr.vars and all(v in tvar for v in a.expr.vars):
+            e = a.expr.subst(tvar)
             atoms.add(Atom(Aff(tuple(sorted(e.terms)), e.const), a.lo, a.hi))
-    dvar: dict[str, Aff] = {}
-    for pos, (e, dg) in enumerate(zip(acc.index, digits)):
-        if dg is None:
-            continue
-        for v, name in _digit_vars(pos, e, dg[0]).items():
-            if sum(1 for f in acc.index if isinstance(f, Aff) and v in f.vars) == 1:
-                dvar[v] = Aff.var(name)
-    datoms = set()
-    for a in k.guard:
-        if (a.expr.vars and any(v in dvar for v in a.expr.vars)
-                and all(v in owner or v in dvar for v in a.expr.vars)):
-            e = a.expr.subst({**owner, **dvar})
-            datoms.add(Atom(Aff(tuple(sorted(e.terms)), e.const), a.lo, a.hi))
-    return box, atoms, digits, datoms
+    return box, atoms, digits
 
 
 def _writer_digits(p: Kernel) -> dict[str, Aff]:
@@ -152,21 +148,6 @@ def _writer_digits(p: Kernel) -> dict[str, Aff]:
                              for v in e.vars):
             continue
         out.update({name: Aff.var(v) for v, name in _digit_vars(pos, e, dg[0]).items()})
-    return out
-
-
-def _digit_atoms(p: Kernel, regions: list, to_var: dict[str, Aff]) -> list[Atom]:
-    """The readers' shared digit atoms, over the producer's loop variables where each digit
-    they name is one of the producer's own digits (the same coefficient and radix: the same
-    value of every element) and every coordinate variable is written by one loop variable."""
-    shared = set.intersection(*(r[3] for r in regions))
-    if not shared:
-        return []
-    sub = {**_writer_digits(p), **to_var}
-    out = []
-    for a in sorted(shared, key=str):
-        if set(a.expr.vars) <= set(sub):
-            out.append(Atom(a.expr.subst(sub), a.lo, a.hi))
     return out
 
 
@@ -212,25 +193,23 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
         if (t not in intermediates or p.scan is not None or p.scatter or p.lib
                 or p.out2 is not None or (p.loop is not None and t not in private)):
             continue
-        found = _identity_writer(p)
-        if found is None:
-            regions = [_access_region(ks[c], a) for c in readers.get(t, ()) if c > pos
-                       for a in kernel_reads(ks[c]) if a.tensor == t]
-            if regions:
-                ks[pos] = _add_atoms(p, _digit_atoms(p, regions, {}))
-            continue
-        names, offsets = found
         regions = [_access_region(ks[c], a) for c in readers.get(t, ()) if c > pos
                    for a in kernel_reads(ks[c]) if a.tensor == t]
         if not regions:
             continue
+        shared = set.intersection(*(r[1] for r in regions))
+        found = _identity_writer(p)
+        if found is None:
+            # no coordinate written by one variable: only digit atoms can reach it
+            ks[pos] = _add_atoms(p, _translate(shared, _writer_digits(p)))
+            continue
+        names, offsets = found
         rank = len(p.out_index)
         hull: list[tuple[int, int] | None] = []
         for d in range(rank):
             spans = [r[0][d] for r in regions]
             hull.append(None if any(s is None for s in spans)
                         else (min(s[0] for s in spans), max(s[1] for s in spans)))
-        shared = set.intersection(*(r[1] for r in regions))
         to_var = {_X.format(d): Aff.var(names[d]) + offsets[d] for d in range(rank)
                   if names[d] is not None}
         ext = p.extents
@@ -244,16 +223,7 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
                 if lo > 0 or hi < n - 1:
                     new.append(Atom(Aff.var(names[d]), lo if lo > 0 else None,
                                     hi + 1 if hi < n - 1 else None))
-        for a in sorted(shared, key=str):
-            if not set(a.expr.vars) <= set(to_var):
-                continue
-            atom = Atom(a.expr.subst(to_var), a.lo, a.hi)
-            lo, hi = atom.expr.bounds(ext)
-            if (atom.lo is None or lo >= atom.lo) and (atom.hi is None or hi < atom.hi):
-                continue            # implied by the producer's own extents
-            new.append(atom)
-        new += _digit_atoms(p, regions, to_var)
-        p = _add_atoms(p, new)
+        p = _add_atoms(p, new + _translate(shared, {**_writer_digits(p), **to_var}))
         for d in range(rank):
             digits = [r[2][d] for r in regions]
             if names[d] is not None:
@@ -263,6 +233,14 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
                 p = _confine_digits(p, p.out_index[d], digits)
         ks[pos] = p
     return ks
+
+
+def _translate(atoms: set[Atom], sub: dict[str, Aff]) -> list[Atom]:
+    """The readers' shared atoms whose every variable (a tensor coordinate, or a digit the
+    producer writes with the same coefficient and radix: the same value for every element)
+    is one of the producer's loop variables, over those variables."""
+    return [Atom(a.expr.subst(sub), a.lo, a.hi) for a in sorted(atoms, key=str)
+            if set(a.expr.vars) <= set(sub)]
 
 
 def _add_atoms(p: Kernel, atoms: list[Atom]) -> Kernel:

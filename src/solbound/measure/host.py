@@ -26,13 +26,24 @@ def host_spec_path() -> str:
     return os.path.join(config_dir(), "host.toml")
 
 
-def time_trials(fn, trials: int) -> list[float]:
-    fn()                                  # warm-up
+def wall_clock(call) -> float:
+    """Seconds ``call()`` takes on the host's clock."""
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
+def time_trials(fn, trials: int, warmup: int = 1, flush=None, clock=wall_clock) -> list[float]:
+    """Seconds of each of ``trials`` timed calls of ``fn`` after ``warmup`` untimed ones;
+    ``flush()``, where given, runs before every call, outside the timing; ``clock(call)``
+    times one call (the host's clock; a device's events for work on the device)."""
     out = []
-    for _ in range(trials):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
+    for i in range(warmup + trials):
+        if flush is not None:
+            flush()
+        t = clock(fn)
+        if i >= warmup:
+            out.append(t)
     return out
 
 
@@ -148,24 +159,19 @@ def spec_toml(res: dict, framework: str, name: str | None = None, *, kind: str =
     return "\n".join(lines) + "\n"
 
 
-def time_calls(call, trials: int, warmup: int, flush=None) -> dict:
+def time_calls(call, trials: int, warmup: int, flush=None, clock=wall_clock) -> dict:
     """``call()`` timed the way careful benchmarks do: ``warmup`` calls, then ``trials``
     timed calls, each after a write over a buffer twice the largest cache (the caller's
     inputs and weights come from DRAM; ``flush()``, where given, flushes the device the
-    call runs on instead); the statistics of the timed ones."""
-    import numpy as np
-    buf = np.empty(flush_bytes() // 8 if flush is None else 1)
-    times = []
-    for i in range(warmup + trials):
-        if flush is None:
-            buf.fill(i)
-        else:
-            flush()
-        t0 = time.perf_counter()
-        call()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return trial_stats(times)
+    call runs on instead, and ``clock`` times it there); the statistics of the timed ones."""
+    if flush is None:
+        import numpy as np
+        buf = np.empty(flush_bytes() // 8)
+        writes = iter(range(1 << 62))
+
+        def flush():
+            buf.fill(next(writes))
+    return trial_stats(time_trials(call, trials, warmup, flush, clock))
 
 
 def flush_bytes() -> int:
@@ -177,10 +183,9 @@ def trial_stats(times: list[float]) -> dict:
     """Median and spread of timed trials (seconds)."""
     s = sorted(times)
     return {"median": statistics.median(s), "min": s[0], "max": s[-1],
-            "stdev": statistics.stdev(s) if len(s) > 1 else 0.0, "trials": len(s),
-            "times": list(times)}
+            "stdev": statistics.stdev(s) if len(s) > 1 else 0.0, "trials": len(s)}
 
 
 __all__ = ["config_dir", "host_spec_path", "caches", "spec_toml", "trial_stats", "time_calls",
            "flush_bytes",
-           "time_trials", "rates_of"]
+           "time_trials", "wall_clock", "rates_of"]

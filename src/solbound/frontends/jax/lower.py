@@ -24,7 +24,8 @@ import numpy as np
 
 from ...ir.affine import Aff
 from ...ir.model import Access, Const, Expr, Kernel, Program, TensorDecl
-from ...ir.passes import contiguous_strides, flatten_bases, prune_dead, refine
+from ...ir.passes import (contiguous_strides, flatten_bases, prune_dead, refine,
+                          runtime_mask_notes)
 from ...ir.text import RESERVED, fresh_name
 from ..contract import FrontendError, LoweredProgram, Unsupported
 
@@ -258,12 +259,7 @@ class JaxLowering:
         self._consts(jaxpr.constvars, self.closed.consts)
         for i, eqn in enumerate(jaxpr.eqns):
             name = eqn.primitive.name
-            if name in CALLS:
-                inner = eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr") \
-                    or eqn.params.get("fun_jaxpr")
-                label = eqn.params.get("name", name)
-            else:
-                label = name
+            label = eqn.params.get("name", name) if name in CALLS else name
             self._group = (f"e{i}", f"jax.{label}", _src(eqn))
             self.groups.setdefault(f"e{i}", {"name": f"jax.{label}", "src": _src(eqn),
                                              "module": ""})
@@ -293,7 +289,6 @@ class JaxLowering:
         program = prune_dead(flatten_bases(program, self.flat))
         program, partial, dense = refine(program, {st["ir"]: st["value"] for st in self.state
                                                    if st["role"] == "constant"})
-        from ...ir.passes import runtime_mask_notes
         program = Program(program.tensors, program.kernels, program.notes + tuple(
             runtime_mask_notes(program, noted=program.notes)))
         for t in dense:

@@ -20,7 +20,43 @@ pipe runs on the vector units (``[units]``).
 
 from __future__ import annotations
 
-from ...measure.host import time_trials, rates_of, caches, spec_toml
+from ...measure.host import caches, rates_of, spec_toml, time_trials, wall_clock
+
+
+def _best_matmul(dtype, sizes, trials: int, device: str = "cpu", clock=wall_clock,
+                 label: str = "") -> dict:
+    """The best rate of ``torch.mm`` over square sizes in ``dtype`` (2 FLOPs per
+    multiply-add, the vendor convention), the best trial of the best size."""
+    import torch
+    best = None
+    for n in sizes:
+        a = torch.randn(n, n, device=device).to(dtype)
+        b = torch.randn(n, n, device=device).to(dtype)
+        c = torch.empty(n, n, device=device, dtype=dtype)
+        r = rates_of(2 * n ** 3, time_trials(lambda: torch.mm(a, b, out=c), trials,
+                                             clock=clock))
+        r["how"] = f"torch.mm {n}x{n}x{n} {str(dtype).replace('torch.', '')}{label}"
+        if best is None or r["value"] > best["value"]:
+            best = r
+    return {**best, "unit": "FLOP/s"}
+
+
+def _stream_bandwidth(elems: int, trials: int, device: str = "cpu", clock=wall_clock,
+                      label: str = "") -> dict:
+    """DRAM bandwidth: STREAM-style copy (2 x 4 bytes per float32 element) and triad
+    (3 x 4 bytes) over arrays of ``elems`` float32, the best trial of the better one."""
+    import torch
+    a = torch.rand(elems, device=device)
+    b = torch.empty(elems, device=device)
+    c = torch.rand(elems, device=device)
+    copy = rates_of(2 * 4 * elems, time_trials(lambda: b.copy_(a), trials, clock=clock))
+    triad = rates_of(3 * 4 * elems, time_trials(lambda: torch.add(c, a, alpha=3.0, out=b),
+                                                trials, clock=clock))
+    bw = copy if copy["value"] >= triad["value"] else triad
+    return {**bw, "unit": "B/s",
+            "how": f"STREAM-style {'copy' if bw is copy else 'triad'} over "
+                   f"{elems * 4 / 2**20:.0f} MiB arrays{label} (copy best "
+                   f"{copy['value'] / 1e9:.4g} GB/s, triad best {triad['value'] / 1e9:.4g} GB/s)"}
 
 
 def measure(quick: bool = False, trials: int | None = None, progress=print) -> dict:
@@ -29,20 +65,9 @@ def measure(quick: bool = False, trials: int | None = None, progress=print) -> d
     trials = trials or (3 if quick else 5)
     res: dict[str, dict] = {}
 
-    def matmul(dtype, sizes):
-        best = None
-        for n in sizes:
-            a = torch.randn(n, n).to(dtype)
-            b = torch.randn(n, n).to(dtype)
-            c = torch.empty(n, n, dtype=dtype)
-            r = rates_of(2 * n ** 3, time_trials(lambda: torch.mm(a, b, out=c), trials))
-            r["how"] = f"torch.mm {n}x{n}x{n} {dtype}".replace("torch.", "")
-            if best is None or r["value"] > best["value"]:
-                best = r
-        return best
     sizes = [512, 1024] if quick else [512, 1024, 2048]
     progress("calibrate: fp32 matmul and convolution")
-    res["vector_fp32"] = {**matmul(torch.float32, sizes), "unit": "FLOP/s"}
+    res["vector_fp32"] = _best_matmul(torch.float32, sizes, trials)
     # the convolution library (oneDNN on x86) may reach a higher FP32 rate than the GEMM:
     # the peak is the best any kernel reaches
     for n, c, hw, k in ((4, 64, 56, 64), (4, 32, 64, 64), (8, 128, 28, 128)):
@@ -61,8 +86,7 @@ def measure(quick: bool = False, trials: int | None = None, progress=print) -> d
                                   "how": f"conv2d {n}x{c}x{hw}x{hw}, {k} 3x3 filters, float32"}
     try:
         progress("calibrate: bf16 matmul")
-        bf = matmul(torch.bfloat16, sizes[:2])
-        res["tensor_bf16"] = {**bf, "unit": "FLOP/s"}
+        res["tensor_bf16"] = _best_matmul(torch.bfloat16, sizes[:2], trials)
     except RuntimeError:
         pass
     # half the per-core caches the OS reports (1 MiB here): resident, and large enough that
@@ -93,27 +117,10 @@ def measure(quick: bool = False, trials: int | None = None, progress=print) -> d
     elems = max(64 * 2**20, 8 * llc) // 4
     if quick:
         elems = max(16 * 2**20, 4 * llc) // 4
-    a = torch.rand(elems)
-    b = torch.empty(elems)
-    c = torch.rand(elems)
     progress(f"calibrate: DRAM bandwidth ({elems * 4 / 2**20:.0f} MiB arrays)")
-    copy = rates_of(2 * 4 * elems, time_trials(lambda: b.copy_(a), trials))
-    triad = rates_of(3 * 4 * elems, time_trials(lambda: torch.add(c, a, alpha=3.0, out=b), trials))
-    bw = copy if copy["value"] >= triad["value"] else triad
-    res["bandwidth"] = {**bw, "unit": "B/s",
-                        "how": f"STREAM-style {'copy' if bw is copy else 'triad'} over "
-                               f"{elems * 4 / 2**20:.0f} MiB arrays (copy best "
-                               f"{copy['value'] / 1e9:.3g} GB/s, triad best "
-                               f"{triad['value'] / 1e9:.3g} GB/s)"}
+    res["bandwidth"] = _stream_bandwidth(elems, trials)
     res["caches"] = cs
     return res
-
-
-def _cuda_trials(fn, trials: int) -> list[float]:
-    """Seconds per call of ``fn`` on the GPU, CUDA events around each (after a warm-up)."""
-    from .timing import cuda_time_calls
-    st = cuda_time_calls(fn, trials, warmup=1, flush=False)
-    return st["times"]
 
 
 def measure_cuda(quick: bool = False, trials: int | None = None, progress=print) -> dict:
@@ -129,23 +136,16 @@ def measure_cuda(quick: bool = False, trials: int | None = None, progress=print)
     props = torch.cuda.get_device_properties(dev)
     res: dict = {"device_name": props.name}
 
+    from .timing import cuda_clock
+
     def mm(dtype, tf32: bool, sizes):
-        best = None
         old = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         try:
-            for n in sizes:
-                a = torch.randn(n, n, device="cuda").to(dtype)
-                b = torch.randn(n, n, device="cuda").to(dtype)
-                c = torch.empty(n, n, device="cuda", dtype=dtype)
-                r = rates_of(2 * n ** 3, _cuda_trials(lambda: torch.mm(a, b, out=c), trials))
-                r["how"] = (f"torch.mm {n}x{n}x{n} {str(dtype).replace('torch.', '')}"
-                            f"{' (TF32)' if tf32 else ''}, CUDA events")
-                if best is None or r["value"] > best["value"]:
-                    best = r
+            return _best_matmul(dtype, sizes, trials, "cuda", cuda_clock,
+                                f"{' (TF32)' if tf32 else ''}, CUDA events")
         finally:
             torch.backends.cuda.matmul.allow_tf32 = old
-        return {**best, "unit": "FLOP/s"}
     sizes = [4096] if quick else [4096, 8192]
     for key, dtype, tf32 in (("vector_fp32", torch.float32, False),
                              ("tensor_tf32", torch.float32, True),
@@ -160,19 +160,8 @@ def measure_cuda(quick: bool = False, trials: int | None = None, progress=print)
         progress(f"calibrate: special functions not measured ({type(e).__name__}: "
                  f"{str(e).splitlines()[0][:120] if str(e) else ''})")
     elems = max(8 * props.L2_cache_size, 256 << 20) // 4
-    a = torch.rand(elems, device="cuda")
-    b = torch.empty(elems, device="cuda")
-    c = torch.rand(elems, device="cuda")
     progress(f"calibrate: DRAM bandwidth ({elems * 4 / 2**20:.0f} MiB arrays)")
-    copy = rates_of(2 * 4 * elems, _cuda_trials(lambda: b.copy_(a), trials))
-    triad = rates_of(3 * 4 * elems, _cuda_trials(lambda: torch.add(c, a, alpha=3.0, out=b),
-                                                 trials))
-    bw = copy if copy["value"] >= triad["value"] else triad
-    res["bandwidth"] = {**bw, "unit": "B/s",
-                        "how": f"STREAM-style {'copy' if bw is copy else 'triad'} over "
-                               f"{elems * 4 / 2**20:.0f} MiB arrays, CUDA events (copy best "
-                               f"{copy['value'] / 1e9:.4g} GB/s, triad best "
-                               f"{triad['value'] / 1e9:.4g} GB/s)"}
+    res["bandwidth"] = _stream_bandwidth(elems, trials, "cuda", cuda_clock, ", CUDA events")
     res["memory"] = (props.total_memory, "cudaDeviceProp.totalGlobalMem")
     sms = props.multi_processor_count
     onchip = {"l2": (props.L2_cache_size, "cudaDeviceProp.l2CacheSize")}
@@ -203,7 +192,8 @@ def _cuda_sfu(trials: int) -> dict:
     x = torch.rand(n, device="cuda")
     f(x)
     torch.cuda.synchronize()
-    r = rates_of(n * reps, _cuda_trials(lambda: f(x), trials))
+    from .timing import cuda_clock
+    r = rates_of(n * reps, time_trials(lambda: f(x), trials, clock=cuda_clock))
     return {**r, "unit": "OP/s", "how": f"exp applied {reps} times per element of {n} in one "
                                         f"compiled kernel, CUDA events"}
 

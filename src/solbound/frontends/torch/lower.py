@@ -24,8 +24,7 @@ from typing import Any, Callable
 import torch
 
 from ...ir.affine import Aff, Atom, Guard
-from ...ir.model import (Access, Call, Expr, Kernel, Program, TensorDecl, accesses, kernel_reads,
-                         subst_expr)
+from ...ir.model import Access, Expr, Kernel, Program, TensorDecl, kernel_reads, subst_expr
 from ...ir.demand import restrict_to_demand
 from ...ir.passes import (FlatIndirectError, contiguous_strides, flatten_bases, prune_dead,
                           runtime_mask_notes)
@@ -523,7 +522,9 @@ class Lowering:
         kernels = known
         program = prune_dead(Program(program.tensors, tuple(kernels), program.notes))
         kernels = list(program.kernels)
-        self._runtime_mask_notes(program, set(seeds) | set(counters))
+        # the inputs that may mask work but whose values only the run knows
+        self.notes.extend(runtime_mask_notes(program, set(seeds) | set(counters),
+                                             tuple(self.notes)))
         whole = kernels
         kernels = restrict_to_demand(kernels, {t.name for t in program.by_role("intermediate")})
         # tensors now computed only where read: their other elements hold fill values
@@ -573,10 +574,6 @@ class Lowering:
             return None
         from torch._subclasses.fake_tensor import FakeTensor
         return None if isinstance(val, FakeTensor) else val
-
-    def _runtime_mask_notes(self, program: Program, seeded: set[str] = frozenset()) -> None:
-        """Name the inputs that may mask work but whose values only the run knows."""
-        self.notes.extend(runtime_mask_notes(program, seeded, tuple(self.notes)))
 
     def _state_seeds(self, state: list[dict], program: Program, written: set[str]) -> dict:
         """Facts of constant buffers built triangular (a causal mask made in ``__init__``) that

@@ -9,7 +9,7 @@ write over twice the largest cache."""
 
 from __future__ import annotations
 
-from ...measure.host import flush_bytes, time_calls, trial_stats
+from ...measure.host import flush_bytes, time_calls
 
 
 class MeasureError(RuntimeError):
@@ -46,25 +46,24 @@ def cuda_flush_bytes() -> int:
     return max(2 * props.L2_cache_size, 64 << 20)
 
 
-def cuda_time_calls(call, trials: int, warmup: int, flush: bool = True) -> dict:
-    """``call()`` on the current CUDA device: ``warmup`` calls, then ``trials`` calls each
-    timed with CUDA events recorded around it on the current stream, after a write over a
-    buffer twice the L2 (the inputs and weights come from DRAM); statistics in seconds."""
+def cuda_clock(call) -> float:
+    """Seconds ``call()`` takes on the current CUDA stream: events recorded around it."""
     import torch
-    buf = torch.empty(cuda_flush_bytes() // 4 if flush else 1, dtype=torch.float32,
-                      device="cuda")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for i in range(warmup + trials):
-        if flush:
-            buf.fill_(float(i))
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end) / 1e3)
-    return trial_stats(times)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def cuda_time_calls(call, trials: int, warmup: int) -> dict:
+    """``call()`` on the current CUDA device: ``warmup`` calls, then ``trials`` calls each
+    timed with CUDA events (``cuda_clock``), after a write over a buffer twice the L2 (the
+    inputs and weights come from DRAM); statistics in seconds."""
+    import torch
+    buf = torch.empty(cuda_flush_bytes() // 4, dtype=torch.float32, device="cuda")
+    return time_calls(call, trials, warmup, flush=lambda: buf.add_(1.0), clock=cuda_clock)
 
 
 def _cuda_free() -> int:
@@ -119,5 +118,5 @@ def measure_problem(problem, modes=("eager",), trials: int = 10, warmup: int = 2
     return out
 
 
-__all__ = ["measure_problem", "MeasureError", "cuda_time_calls", "device_of_choice",
-           "check_fits"]
+__all__ = ["measure_problem", "MeasureError", "cuda_time_calls", "cuda_clock",
+           "device_of_choice", "check_fits"]
