@@ -209,6 +209,14 @@ class Report:
                           for t, lst in k.reads.items()},
                 "writes": {t: fp.elements * tensors[t].itemsize for t, fp in k.writes.items()},
             } for i, k in enumerate(pc.kernels)],
+            # what the program returns, leaf by leaf (a ModelOutput's logits, each tensor of
+            # a returned cache): each is written to DRAM once in the fused bound
+            "outputs": [{
+                "path": o.get("path", ""), "tensor": o["ir"],
+                "shape": list(tensors[o["ir"]].shape), "dtype": tensors[o["ir"]].dtype,
+                "bytes": tensors[o["ir"]].numel * tensors[o["ir"]].itemsize,
+            } for o in (getattr(self.lowered, "outputs", None) or [])
+                if o.get("kind") == "output" and o.get("ir") in tensors],
             "unsupported": [{"operator": u.operator, "source": u.source, "reason": u.reason}
                             for u in self.unsupported],
             "notes": list(self.program.notes) + pc.unfused.notes + pc.fused.notes,

@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import io
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -348,8 +349,63 @@ def export_program(model, inputs: tuple, source: str = "program", keep_experts: 
                + [a for a in _leaves(args) if isinstance(a, torch.Tensor)]}
     home = devices.pop() if len(devices) == 1 else None
     _lift_held_tensors(model)
-    with _python_state_kept(model) as state:
-        return _export(model, args, source, keep_experts, routing, home, state, select_fraction)
+    register_output_types(model)
+    try:
+        with _python_state_kept(model) as state:
+            return _export(model, args, source, keep_experts, routing, home, state,
+                           select_fraction)
+    finally:
+        _detach_state(model)
+
+
+def _detach_state(model) -> None:
+    """A trace that ran part of forward on the real tensors (a failed non-strict attempt
+    before the strict retry) leaves in-place updates of real buffers in the autograd
+    graph (a StaticCache's ``index_copy_``): the buffers are made leaves again, in place
+    (every alias, such as a cache layer's reference, keeps seeing the same tensor)."""
+    for t in model.buffers():
+        if t.grad_fn is not None and t._base is None:
+            t.detach_()
+
+
+_UNKNOWN_OUTPUT = re.compile(r"Found <class '([\w.]+)'> in output, which is not a known type")
+
+
+def register_output_types(model) -> None:
+    """Whatever a model returns is flattened to its tensors: transformers' ``ModelOutput``s
+    are pytree nodes already; its caches (``DynamicCache``, ``StaticCache``, hybrid and
+    Mamba caches, a model's own ``*Cache`` classes) are registered with transformers' own
+    generic flatten (``exporters.exporter_dynamo.register_cache_pytrees_for_model``)."""
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+        from transformers.modeling_utils import PreTrainedModel
+    except ImportError:     # an older transformers: the unknown-type retry still registers
+        return
+    for mod in model.modules():
+        if isinstance(mod, PreTrainedModel):
+            register_cache_pytrees_for_model(mod)
+
+
+def _register_output_type(exc: BaseException) -> bool:
+    """An output of a class torch's pytree does not know (a cache, a dataclass, a plain
+    object holding tensors): registered as a node whose leaves are the tensors it holds
+    (transformers' generic flatten over attributes, dicts and sequences), so the export
+    can be retried. False when the message names no class or nothing can register it."""
+    m = _UNKNOWN_OUTPUT.search(str(exc))
+    if not m:
+        return False
+    modname, _, clsname = m.group(1).rpartition(".")
+    cls = getattr(sys.modules.get(modname), clsname, None)
+    if not isinstance(cls, type):
+        return False
+    try:
+        from transformers.exporters.exporter_dynamo import register_pytree_node
+    except ImportError:
+        return False
+    register_pytree_node(cls)
+    return True
 
 
 def _export(model, args, source, keep_experts, routing, home, state, select_fraction=None):
@@ -357,6 +413,9 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
     from .routing import DEFAULT_ROUTING, RoutingMode, counts_note, routing_note, sizes_note
     lifted = False
     mode = None
+    strict = False          # non-strict first; strict (TorchDynamo) when that fails
+    registered: set[str] = set()
+    first_failure = None
     while True:
         state.restore()             # every attempt starts from the model's state
         try:
@@ -368,7 +427,7 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                     _traceable_experts(model, not keep_experts) as experts, \
                     (mode if mode is not None else contextlib.nullcontext()):
                 warnings.simplefilter("ignore")
-                ep = torch.export.export(model, args, strict=False)
+                ep = torch.export.export(model, args, strict=strict)
             if mode is None and _has_value_sizes(ep):
                 # sizes that follow tensor values (x[mask]): trace under the assumption
                 mode = RoutingMode(routing or DEFAULT_ROUTING, select_fraction)
@@ -395,6 +454,15 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
             if not lifted and "mutated" in str(e) and _lift_tensor_attributes(model):
                 lifted = True
                 continue   # a plain tensor attribute updated in forward: now a buffer
+            unknown = _UNKNOWN_OUTPUT.search(str(e))
+            if unknown and unknown.group(1) not in registered:
+                registered.add(unknown.group(1))
+                if _register_output_type(e):
+                    continue   # an output type pytree did not know: now a node
+                raise FrontendError(
+                    f"{source}: the program returns a {unknown.group(1)}, which solbound cannot "
+                    f"flatten to tensors (install transformers for its generic flatten, or return "
+                    f"tensors, tuples, lists or dicts)") from None
             data_dep = "data-dependent" in str(e) or type(e).__name__.startswith(
                 "GuardOnDataDependent")
             if data_dep and mode is None:
@@ -412,8 +480,17 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                       "or state how much a selection (nonzero, masked_select, x[mask]) keeps "
                       "with --select-fraction F"
                 ) from None
-            raise FrontendError(f"{source}: torch.export failed to trace ({_where(e)}): "
-                                f"{_oneline(e)}") from None
+            if not strict and mode is None:
+                # some programs trace only under TorchDynamo (transformers'
+                # TorchExportableModuleWithStaticCache: "expected compiled_fn to be
+                # GraphModule" without it): retry strict before giving up
+                strict, first_failure = True, e
+                continue
+            culprit = first_failure if first_failure is not None else e
+            raise FrontendError(f"{source}: torch.export failed to trace ({_where(culprit)}): "
+                                f"{_oneline(culprit)}"
+                                + (f" (strict export failed too: {_oneline(e)})"
+                                   if first_failure is not None else "")) from None
 
 
 def _has_value_sizes(ep) -> bool:

@@ -708,12 +708,15 @@ class Lowering:
 
     def finish_outputs(self, node: torch.fx.Node, sig) -> list[dict]:
         specs = sig.output_specs
+        paths = iter(output_paths(self.ep))
         res = []
         for spec, arg in zip(specs, node.args[0]):
             kind = spec.kind.name
             v = self.env.get(arg) if isinstance(arg, torch.fx.Node) else arg
             entry = {"kind": {"USER_OUTPUT": "output", "BUFFER_MUTATION": "buffer_mutation"}
                      .get(kind, kind.lower()), "target": spec.target}
+            if kind == "USER_OUTPUT":
+                entry["path"] = next(paths, "")
             if isinstance(v, View) and kind == "USER_OUTPUT" and not v.is_full \
                     and self.tensors[v.base].role == "intermediate":
                 v = self._output_copy(v, arg)
@@ -748,6 +751,36 @@ class Lowering:
                                       list(target.index), body).with_(op=w.op, opname=w.opname,
                                                                       src=w.src))
         return out
+
+
+def output_paths(ep) -> list[str]:
+    """Where each user output leaf sits in what the program returns (``logits``,
+    ``past_key_values[0]``, ``[1]['hidden']``), from the exported output spec; ``""``
+    for a program returning a single tensor."""
+    from torch.utils._pytree import (GetAttrKey, MappingKey, SequenceKey,
+                                     tree_flatten_with_path, tree_unflatten)
+    spec = getattr(getattr(ep, "call_spec", None), "out_spec", None)
+    if spec is None:
+        return []
+    try:
+        tree = tree_unflatten([torch.empty(0)] * spec.num_leaves, spec)
+        flat = tree_flatten_with_path(tree)[0]
+    except Exception:  # noqa: BLE001 - a node type that does not rebuild from placeholders
+        return [f"[{i}]" for i in range(spec.num_leaves)]
+
+    def name(path) -> str:
+        out = ""
+        for k in path:
+            if isinstance(k, MappingKey) and isinstance(k.key, str) and k.key.isidentifier():
+                out += ("." if out else "") + k.key
+            elif isinstance(k, GetAttrKey):
+                out += ("." if out else "") + k.name
+            elif isinstance(k, SequenceKey):
+                out += f"[{k.idx}]"
+            else:
+                out += str(k)
+        return out
+    return [name(p) for p, _ in flat]
 
 
 def _module_of(node: torch.fx.Node) -> str:

@@ -29,6 +29,18 @@ def _to_np(t) -> np.ndarray:
     return np.asarray(t)
 
 
+class HarnessError(Exception):
+    """The reference could not be produced (the model does not re-trace or run on real
+    inputs): validation is inconclusive, never failed."""
+
+
+def output_leaves(out) -> list:
+    """A model's return value as the leaves torch.export flattened it to (tensors of
+    ``ModelOutput``s, caches, tuples, dicts and nested pytrees, in pytree order)."""
+    from torch.utils._pytree import tree_leaves
+    return tree_leaves(out)
+
+
 def _resolve(model, target: str):
     obj = model
     for part in target.split("."):
@@ -58,9 +70,13 @@ def run_original(model, inputs: tuple, lowered, ep=None) -> dict[str, Any]:
     before = {s["target"]: _state_value(model, s["target"], ep).detach().clone()
               for s in lowered.state}
     feeds = _feeds(lowered, inputs, before.__getitem__)
-    with torch.no_grad():
-        out = model(*inputs)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    try:
+        with torch.no_grad():
+            out = model(*inputs)
+    except Exception as e:  # noqa: BLE001 - the reference, not the IR, failed
+        from ..loading import oneline
+        raise HarnessError(f"running the model on real inputs failed: {oneline(e)}") from None
+    outs = output_leaves(out)
     golden = []
     it = iter(outs)
     for o in lowered.outputs:
@@ -375,10 +391,25 @@ def _input_plans(inputs):
             yield desc, tuple(out)
 
 
+def _structure_difference(a, b) -> str:
+    """The first kernel where two programs' structures part, in a few words."""
+    sa, sb = _structure(a), _structure(b)
+    ka, kb = list(a.kernels), list(b.kernels)
+    if len(ka) != len(kb):
+        head = f"{len(ka)} kernels analyzed, {len(kb)} re-traced"
+    else:
+        head = f"{len(ka)} kernels each"
+    for i, (x, y) in enumerate(zip(sa, sb) if isinstance(sa, (list, tuple)) else ()):
+        if x != y:
+            k = ka[i] if i < len(ka) else kb[i]
+            return f"{head}; first difference at kernel {i} ({k.name}, {k.opname or k.op})"
+    return head
+
+
 def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
                     max_bytes: int = DEFAULT_MAX_BYTES, max_seconds: float = DEFAULT_MAX_SECONDS) -> dict:
     """Fill ``rep.validation``; reduce shapes when the program is over budget."""
-    from .capture import export_program, input_structure, state_structure
+    from .capture import FrontendError, export_program, input_structure, state_structure
     from .lower import lower
 
     keep = getattr(rep, "keep_experts_dispatch", False)
@@ -463,13 +494,27 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
     # traced as the analysis traced it (grad mode on): under no_grad some operators
     # decompose differently (a 3-d linear as bmm instead of addmm), which would change the
     # kernel structure being checked
-    ep = export_program(model, tuple(inputs), rep.source, keep_experts=keep, routing=routing)
-    low = lower(ep, (), input_structure(inputs), state_structure(model))
-    if reduced is None and _structure(low.program) != _structure(lowered.program):
-        rep.validation = {"status": "failed",
-                          "reason": "re-tracing with real tensors changed the kernel structure"}
+    try:
+        ep = export_program(model, tuple(inputs), rep.source, keep_experts=keep, routing=routing)
+        low = lower(ep, (), input_structure(inputs), state_structure(model))
+    except FrontendError as e:
+        rep.validation = {"status": "inconclusive",
+                          "reason": f"re-tracing the model with real tensors failed: {e}"}
         return rep.validation
-    res = validate_lowered(low, ep, model, tuple(inputs), seed=seed)
+    if reduced is None and _structure(low.program) != _structure(lowered.program):
+        # the harness could not reproduce the analyzed program: nothing is known about
+        # whether the analyzed IR is right, so this is no failure of the IR
+        rep.validation = {"status": "inconclusive",
+                          "reason": "re-tracing with real tensors gave a different kernel "
+                                    "structure (" + _structure_difference(lowered.program,
+                                                                          low.program)
+                                    + "): the analyzed IR could not be run against the model"}
+        return rep.validation
+    try:
+        res = validate_lowered(low, ep, model, tuple(inputs), seed=seed)
+    except HarnessError as e:
+        rep.validation = {"status": "inconclusive", "reason": str(e)}
+        return rep.validation
     if res["status"] == "inconclusive":
         # a constant output from zero-initialized parameters (a classifier head, a DiT's
         # adaLN modulation): draw them at random for the check, then put them back
