@@ -10,3 +10,26 @@ sys.path.insert(0, os.path.dirname(__file__))
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def assert_report_serializes(rep) -> None:
+    """``rep.to_dict()`` (what ``--json`` writes) through plain ``json.dumps``, with no
+    converter: a numpy scalar anywhere in the report fails here, not in a user's
+    ``--json`` (whose writer converts them)."""
+    import json
+    assert json.loads(json.dumps(rep.to_dict(), allow_nan=False))["schema"] == "solbound.report/1"
+
+
+@pytest.fixture(autouse=True)
+def _jax_reports_serialize(monkeypatch):
+    """Every report of a JAX program a test analyzes (``solbound.analyze``,
+    ``analyze_source``, the CLI: all go through ``api._analyze_jax``, validation included)
+    is also serialized to JSON. No analysis runs twice."""
+    from solbound import api
+    real = api._analyze_jax
+
+    def checked(*args, **kwargs):
+        rep = real(*args, **kwargs)
+        assert_report_serializes(rep)
+        return rep
+    monkeypatch.setattr(api, "_analyze_jax", checked)

@@ -298,6 +298,40 @@ def test_factory_convention_for_jax(tmp_path, monkeypatch):
     assert rep.counts.macs == 64 and rep.validation["status"] == "passed"
 
 
+def test_flax_module_with_a_split_writes_its_json_report(tmp_path):
+    # jnp.split gives the split primitive its sizes as numpy integers: they reached kernel
+    # extents and the counts ("Object of type int64 is not JSON serializable")
+    pytest.importorskip("flax.linen")
+    import json
+    import numpy as np
+    from solbound.cli import main
+    from solbound.report.report import dumps
+    (tmp_path / "vae_encoder.py").write_text(
+        "import jax\nimport jax.numpy as jnp\nimport flax.linen as nn\n\n\n"
+        "class Encoder(nn.Module):\n"
+        "    @nn.compact\n"
+        "    def __call__(self, x):\n"
+        "        h = nn.relu(nn.Dense(16)(x))\n"
+        "        mean, logvar = jnp.split(nn.Dense(8)(h), 2, axis=-1)\n"
+        "        return mean, logvar\n\n\n"
+        "def example():\n"
+        "    model, x = Encoder(), jax.ShapeDtypeStruct((3, 8), jnp.float32)\n"
+        "    params = jax.eval_shape(model.init, jax.random.key(0), x)\n"
+        "    return (lambda p, x: model.apply(p, x)), (params, x)\n")
+    out = tmp_path / "report.json"
+    assert main(["analyze", str(tmp_path / "vae_encoder.py"), "--json", str(out), "-q",
+                 "--validate"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["validation"]["status"] == "passed", doc["validation"]
+    assert doc["totals"]["macs"] == 3 * 8 * 16 + 3 * 16 * 8
+    # every extent a Python int, and each output half a 3x4 copy of the projection
+    copies = [k for k in doc["kernels"] if k["extents"] == {"d0": 3, "d1": 4}]
+    assert len(copies) == 2
+    # the writer itself converts numpy scalars, should one slip through again
+    assert json.loads(dumps({"n": np.int64(3), "x": np.float32(0.5), "b": np.bool_(True),
+                             "a": np.arange(2)})) == {"n": 3, "x": 0.5, "b": True, "a": [0, 1]}
+
+
 def test_over_budget_jax_program_validates_at_reduced_shapes():
     def mlp(w1, w2, x):
         return jax.nn.relu(x @ w1) @ w2

@@ -192,9 +192,8 @@ def calibration_comparison(spec) -> str:
 
 def cmd_slope(a) -> int:
     """Traffic against on-chip capacity: the program and its heaviest kernels."""
-    import json
-
     from .api import analyze_source
+    from .report.report import dumps
     rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction)
     pc = rep.program_cache()
@@ -214,7 +213,7 @@ def cmd_slope(a) -> int:
                                    "bytes": [float(b) for b in curve]}
                                   for n, (i, curve) in zip(names, kernels)]}}
     if a.json:
-        _write(a.json, json.dumps(doc, indent=1) + "\n")
+        _write(a.json, dumps(doc, indent=1) + "\n")
     if a.json != "-":
         from rich.console import Console
         from rich.table import Table
@@ -248,9 +247,8 @@ def _archs(a) -> str | None:
 
 def cmd_provision(a) -> int:
     """The inverse roofline: what each resource must be to meet a latency or rate target."""
-    import json
-
     from .api import analyze_source
+    from .report.report import dumps
     from .bounds.provision import TargetError, parse_latency, parse_rate, provision
     try:
         if (a.latency is None) == (a.rate is None):
@@ -262,7 +260,7 @@ def cmd_provision(a) -> int:
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache)
     doc = provision(rep, target)
     if a.json:
-        _write(a.json, json.dumps(doc, indent=1) + "\n")
+        _write(a.json, dumps(doc, indent=1) + "\n")
     if a.json == "-":
         return 0
     from rich.console import Console
@@ -296,16 +294,15 @@ def cmd_provision(a) -> int:
 
 def cmd_project(a) -> int:
     """One program across chips: each fidelity, the fusion benefit and the cache penalty."""
-    import json
-
     from .api import analyze_source
+    from .report.report import dumps
     from .bounds.provision import projection
     rep = analyze_source(a.program, arch=_archs(a) or "all", precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache)
     rows = projection(rep)
     if a.json:
-        _write(a.json, json.dumps({"schema": "solbound.project/1", "source": rep.source,
-                                   "chips": rows}, indent=1) + "\n")
+        _write(a.json, dumps({"schema": "solbound.project/1", "source": rep.source,
+                              "chips": rows}, indent=1) + "\n")
     if a.json == "-":
         return 0
     from rich.console import Console

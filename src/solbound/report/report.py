@@ -12,6 +12,24 @@ from ..bounds.roofline import Bound, Policy, group_seconds, kernel_pipe_work, re
 SCHEMA = "solbound.report/1"
 
 
+def json_default(o):
+    """What ``json.dumps`` cannot write itself: numpy scalars and arrays as the Python
+    numbers and lists they hold (a frontend's parameters may be numpy integers; the
+    report's numbers are meant to be Python's, and the tests check that they are, but no
+    report should fail to be written because one slipped through)."""
+    import numpy as np
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
+def dumps(doc, **kw) -> str:
+    """``json.dumps`` with numpy scalars written as numbers (``json_default``)."""
+    return json.dumps(doc, default=json_default, **kw)
+
+
 def _num(x: float) -> float | int | None:
     if isinstance(x, float) and (math.isinf(x) or math.isnan(x)):
         return None
@@ -228,7 +246,7 @@ class Report:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+        return dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
 
     # --- explain ----------------------------------------------------------------------
     def explain(self, kernel: str, arch: str | None = None) -> str:

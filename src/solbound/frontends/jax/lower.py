@@ -70,6 +70,15 @@ class JView:
     offset: Any                     # an int, or an Aff in a sequential loop's variable
     dtype: str
 
+    def __post_init__(self):
+        # Python ints throughout: jaxpr parameters may hold numpy integers (``jnp.split``
+        # gives ``split`` its sizes as ``np.int64``), and a view's sizes become kernel
+        # extents, point counts and the report's numbers
+        object.__setattr__(self, "shape", tuple(int(n) for n in self.shape))
+        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+        if not isinstance(self.offset, Aff):
+            object.__setattr__(self, "offset", int(self.offset))
+
     @property
     def ndim(self) -> int:
         return len(self.shape)
@@ -146,6 +155,7 @@ class Ctx:
              out2: str | None = None, guard: tuple = ()) -> None:
         from ...ir.affine import Atom
         from ...ir.model import subst_expr
+        dims = [(d, int(n)) for d, n in dims]       # numpy sizes from parameters: ints
         k = Kernel(name=self.low.kernel_name(), dims=tuple((d, n) for d, n in dims if n != 1),
                    out=out.base, out_index=(), body=body, reduce=reduce, scan=scan, unit=unit,
                    out2=out2)
