@@ -2,12 +2,15 @@
 contractions that could run on tensor cores.
 
 **Reorder.** A chain is a run of contractions where each one's result feeds only the next
-contraction, directly or through scalar scalings (a map multiplying by a constant) and views
-(the IR's accesses already see through transposes and reshapes of whole coordinates). The
-chain is one einsum over the chain's external operands. Its MACs in the program's order are
-compared with opt_einsum's optimal path: ``q . (c W)^T`` done as ``(q W^T) . c^T`` in DeepSeek's
-MLA. A pairwise contraction over index sets ``I`` and ``J`` costs ``prod(extents of I | J)``
-MACs.
+contraction, directly or through maps that only move or scale its elements: views (a
+dimension split or merge, a transpose: the IR's accesses see through them, as split loop
+variables, permuted or flattened indices), contiguous copies of views, and scalings by
+constants and scalar elements. The chain is one einsum over its external operands,
+derived from the kernels' accesses (``_chain_einsum``: loop variables cut into mixed-radix
+digits until both sides of every link agree). Its MACs in the program's order are
+compared with opt_einsum's optimal path: ``q . (c W)^T`` done as ``(q W^T) . c^T`` in
+DeepSeek's MLA, with the heads split between the products. A pairwise contraction over
+index sets ``I`` and ``J`` costs ``prod(extents of I | J)`` MACs.
 
 **Precision.** The fused bound if every fp32 contraction ran on TF32 tensor cores, or
 on bf16 tensor cores (the operands rounded to bf16).
@@ -22,7 +25,8 @@ from __future__ import annotations
 
 import math
 
-from ..ir.classify import product_factors
+from ..ir.affine import Aff
+from ..ir.classify import _strip_cast, product_factors
 from ..ir.model import Access, Call, Const
 
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -83,128 +87,275 @@ def _factors(k):
     return list(facts)
 
 
-def _scale_source(g, i: int):
-    """If kernel ``i`` is ``out = c * t`` (or ``t * c``, ``t / c``) over the whole of ``t``
-    with identity indices: the tensor ``t``."""
-    k = g.nodes[i].kernel
-    if k.reduce is not None or k.lib or k.scatter:
+def _plain(k) -> bool:
+    """A loop nest an einsum describes whole: no guard, no sequential loop, no library
+    routine, scatter or scan."""
+    return not (k.guard or k.loop is not None or k.lib or k.scatter or k.scan is not None)
+
+
+def _contraction(k):
+    """The two factors of a plain ``sum(a * b)`` over direct accesses, or None."""
+    if k.reduce != "sum" or not _plain(k):
         return None
-    b = k.body
-    if isinstance(b, Call) and b.op in ("mul", "div") and len(b.args) == 2:
-        a, c = b.args
-        if b.op == "mul" and isinstance(a, Const):
-            a, c = c, a
-        if isinstance(a, Access) and isinstance(c, Const) and a.index == k.out_index:
-            return a.tensor
-    return None
+    facts = _factors(k)
+    if facts is None or any(a.indirect for a in facts):
+        return None
+    return facts
+
+
+def _is_scalar(e) -> bool:
+    """A constant, or one element of a tensor (no loop variable in its index)."""
+    return isinstance(e, Const) and not isinstance(e.value, bool) or (
+        isinstance(e, Access) and not e.indirect and all(i.is_const for i in e.index))
+
+
+def _scaled_read(e):
+    """``(access, factor, scalars)`` when ``e`` is one tensor's element times constants and
+    scalar elements (``c * t``, ``t / c``, ``-t``, ``t * s[()]``, casts anywhere), else None.
+    ``scalars`` are ``{"op": "mul"|"div", "tensor": name, "index": [ints]}``."""
+    e = _strip_cast(e)
+    if isinstance(e, Access):
+        return None if e.indirect or _is_scalar(e) else (e, 1.0, ())
+    if not isinstance(e, Call):
+        return None
+    if e.op == "neg":
+        r = _scaled_read(e.args[0])
+        return r and (r[0], -r[1], r[2])
+    if e.op not in ("mul", "div") or len(e.args) != 2:
+        return None
+    a, b = (_strip_cast(x) for x in e.args)
+    if e.op == "mul" and _is_scalar(a) and not _is_scalar(b):
+        a, b = b, a
+    r = _scaled_read(a) if _is_scalar(b) else None
+    if r is None:
+        return None
+    acc, f, by = r
+    if isinstance(b, Access):
+        return acc, f, by + ({"op": e.op, "tensor": b.tensor,
+                              "index": [i.const for i in b.index]},)
+    v = float(b.value)
+    if e.op == "div":
+        return (acc, f / v, by) if v != 0 else None
+    return acc, f * v, by
+
+
+def _move(k):
+    """``(source access, factor, scalars)`` of a plain map that copies one tensor's
+    elements, possibly scaled (a contiguous copy of a view, a softmax scale), else None."""
+    if k.reduce is not None or not _plain(k):
+        return None
+    return _scaled_read(k.body)
 
 
 def reorder_opportunities(report, min_saving: float = 1.0) -> list[dict]:
-    """Contraction chains whose optimal order needs fewer MACs than the program's."""
+    """Contraction chains whose optimal order needs fewer MACs than the program's.
+
+    Each entry: the contractions (``kernels``), the maps the chain passes through
+    (``through``: copies and scalings), the einsum over the external operands with the
+    strided view each one is (``operands``: tensor, letters, shape, strides and offset in
+    elements; ``result`` the same for the last contraction's output), the constant factor
+    and scalar elements the chain multiplies or divides by (``scale``, ``scale_by``: the
+    chain's result is the einsum times both), and the MACs in the program's order and in
+    opt_einsum's optimal one."""
     import opt_einsum
     g = report.graph
     tensors = g.program.tensor_map
     nodes = g.nodes
-    producer = {}
-    for i, n in enumerate(nodes):
-        for o in n.kernel.outputs:
-            producer[o] = i
 
-    def only_consumer(t):
-        cs = g.consumers.get(t, [])
-        return cs[0] if len(cs) == 1 and tensors[t].role == "intermediate" else None
-
-    def next_contraction(i):
-        """The contraction that alone consumes kernel i's result (through scalings)."""
-        t = nodes[i].kernel.out
-        c = only_consumer(t)
-        while c is not None and _factors(nodes[c].kernel) is None:
-            src = _scale_source(g, c)
-            if src != t:
-                return None, None
-            t = nodes[c].kernel.out
-            c = only_consumer(t)
-        return c, t
+    def next_link(i):
+        """The contraction that alone consumes kernel i's result, through copies and
+        scalings: (node, the maps passed, their factor, their scalars), or None."""
+        t, through, scale, by = nodes[i].kernel.out, [], 1.0, ()
+        while True:
+            cs = g.consumers.get(t, [])
+            if tensors[t].role != "intermediate" or len(g.producers.get(t, [])) != 1 \
+                    or len(cs) != 1:
+                return None
+            k = nodes[cs[0]].kernel
+            facts = _contraction(k)
+            if facts is not None:
+                return (cs[0], through, scale, by) if [a.tensor for a in facts].count(t) == 1 \
+                    else None
+            m = _move(k)
+            if m is None or m[0].tensor != t or any(x["tensor"] == t for x in m[2]):
+                return None
+            through, scale, by, t = through + [cs[0]], scale * m[1], by + m[2], k.out
     out, used = [], set()
     for start, n in enumerate(nodes):
-        if start in used or _factors(n.kernel) is None or n.kernel.reduce != "sum":
+        if start in used or _contraction(n.kernel) is None:
             continue
-        chain, links = [start], []
+        links = [([start], 1.0, ())]          # per contraction: the maps before it and it
         while True:
-            c, t = next_contraction(chain[-1])
-            if c is None or _factors(nodes[c].kernel) is None or nodes[c].kernel.reduce != "sum":
+            nxt = next_link(links[-1][0][-1])
+            if nxt is None:
                 break
-            chain.append(c)
-            links.append(t)
-        if len(chain) < 2:
-            continue
-        res = _chain_einsum(g, chain, links)
+            c, through, scale, by = nxt
+            links.append((through + [c], scale, by))
+        res = None
+        while len(links) >= 2:                # the longest prefix that is one einsum
+            res = _chain_einsum(g, [i for ms, _, _ in links for i in ms])
+            if res is not None:
+                break
+            links.pop()
         if res is None:
             continue
-        eq, shapes, ext = res
+        chain = [ms[-1] for ms, _, _ in links]
+        through = [i for ms, _, _ in links for i in ms[:-1]]
+        eq, shapes, ext, views, result = res
         before = sum(math.prod(e for _, e in nodes[i].kernel.dims) for i in chain)
-        path, _ = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize="optimal")
+        # opt_einsum's exhaustive search up to 8 operands, its dynamic programme beyond
+        path, _ = opt_einsum.contract_path(eq, *shapes, shapes=True,
+                                           optimize="optimal" if len(shapes) <= 8 else "dp")
         mine = program_path(len(shapes))
         after = pairwise_macs(eq, ext, path)
         if after * min_saving < before and after < before:
             used.update(chain)
             out.append({"kind": "reorder", "kernels": [nodes[i].kernel.name for i in chain],
+                        "through": [nodes[i].kernel.name for i in through],
                         "sources": sorted({nodes[i].kernel.src for i in chain if nodes[i].kernel.src}),
-                        "einsum": eq, "macs_before": before, "macs_after": after,
+                        "einsum": eq, "operands": views, "result": result,
+                        "scale": math.prod(s for _, s, _ in links),
+                        "scale_by": [x for _, _, by in links for x in by],
+                        "macs_before": before, "macs_after": after,
                         "saving": before / after,
                         "einsum_before": steps(eq, mine), "einsum_after": steps(eq, path),
                         "order_after": [list(p) for p in path]})
     return out
 
 
-def _chain_einsum(g, chain: list[int], links: list[str]):
-    """The chain as one einsum over its external operands (None if an index is not a
-    single loop variable per coordinate)."""
-    letters: dict[tuple[int, str], str] = {}
-    ext: dict[str, int] = {}
-    pool = iter(LETTERS)
+def _places(const: int, digits, size: int):
+    """The place values of a coordinate's digits and the dimension's size, if the digits
+    are one mixed-radix number covering exactly ``0 .. size-1`` (else None)."""
+    if const != 0:
+        return None
+    at, places = 1, []
+    for c, e, _ in sorted(digits):
+        if c != at:
+            return None
+        places.append(c)
+        at *= e
+    return places + [size] if at == size else None
 
-    def letter(i, v):
-        key = (i, v)
-        if key not in letters:
-            letters[key] = next(pool)
-            ext[letters[key]] = dict(g.nodes[i].kernel.dims)[v]
-        return letters[key]
-    operands, shapes, result = [], [], ""
-    link_of: dict[str, tuple[int, list[str]]] = {}
-    for pos, i in enumerate(chain):
-        k = g.nodes[i].kernel
-        out_vars = []
-        for e in k.out_index:
-            v = e.single_var() if not isinstance(e, Access) else None
-            if v is None:
+
+def _chain_einsum(g, members: list[int]):
+    """The chain as one einsum over its external operands, or None where its accesses do
+    not make one exactly.
+
+    ``members``: the chain's kernels in order (contractions, and the copies and scalings
+    between them), each after the first reading the one before's output (its *link*).
+    Every loop variable is cut into mixed-radix digits (``v = vh*F + vl``) until, in every
+    coordinate of every link, the writer's digits and the reader's are one mixed-radix
+    number covering the dimension at the same place values: digits with the same place
+    value are then one einsum index. A view that splits or merges dimensions (attention's
+    head split, a flatten) becomes digits, a transpose permutes them, a flattened base is
+    one coordinate of many digits. A link must be written whole by a bijective index and
+    read whole; an external operand is the strided view of its tensor that its access
+    reads, whatever the affine index. Returns the equation, the operands' shapes, the
+    letters' extents, the operands' views and the result's view."""
+    ks = [g.nodes[i].kernel for i in members]
+    tensors = g.program.tensor_map
+    cuts = {(p, v): [1, e] for p, k in enumerate(ks) for v, e in k.dims}
+    links, externals = [], []
+    for p, k in enumerate(ks):
+        facts = _contraction(k)
+        reads = facts if facts is not None else [_move(k)[0]]
+        for a in reads:
+            if p > 0 and a.tensor == ks[p - 1].out:
+                links.append((p - 1, p, a.index, tensors[a.tensor].shape))
+            else:
+                externals.append((p, a))
+
+    def digits(p, e):
+        """(constant, [(place value, extent, digit)]) of coordinate ``e`` of kernel p."""
+        ds = []
+        for v, c in e.terms:
+            cs = cuts[(p, v)]
+            ds += [(c * lo, hi // lo, (p, v, lo)) for lo, hi in zip(cs, cs[1:]) if hi > lo]
+        return e.const, ds
+
+    def pairs():
+        for w, r, index, shape in links:
+            for ew, er, size in zip(ks[w].out_index, index, shape):
+                yield (w, ew), (r, er), size
+    changed = True
+    while changed:                        # cut digits until both sides of a link agree
+        changed = False
+        for (w, ew), (r, er), size in pairs():
+            dw, dr = digits(w, ew), digits(r, er)
+            pw, pr = _places(*dw, size), _places(*dr, size)
+            if pw is None or pr is None:
                 return None
-            out_vars.append(v)
-        facts = _factors(k)
-        if pos > 0:                      # the link first: its letters are the producer's
-            facts = sorted(facts, key=lambda a: a.tensor != links[pos - 1])
-        for a in facts:
-            idx = []
-            for e in a.index:
-                v = e.single_var() if not isinstance(e, Access) else None
-                if v is None:
-                    return None
-                idx.append(v)
-            if pos > 0 and a.tensor == links[pos - 1]:
-                prev, prev_letters = link_of[links[pos - 1]]
-                for v, L in zip(idx, prev_letters):
-                    if (i, v) in letters and letters[(i, v)] != L:
-                        return None
-                    letters[(i, v)] = L
-                continue
-            operands.append("".join(letter(i, v) for v in idx))
-            shapes.append(tuple(dict(k.dims)[v] for v in idx))
-        out_letters = [letter(i, v) for v in out_vars]
-        if pos < len(links):
-            link_of[links[pos]] = (i, out_letters)
-        else:
-            result = "".join(out_letters)
-    return ",".join(operands) + "->" + result, shapes, ext
+            bounds = sorted(set(pw) | set(pr))
+            if any(b % a for a, b in zip(bounds, bounds[1:])):
+                return None
+            for c, e, (p, v, lo) in dw[1] + dr[1]:
+                for b in bounds:
+                    if c < b < c * e and lo * b // c not in cuts[(p, v)]:
+                        cuts[(p, v)] = sorted(cuts[(p, v)] + [lo * b // c])
+                        changed = True
+    parent: dict = {}
+
+    def find(x):
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+    for (w, ew), (r, er), _ in pairs():
+        for a, b in zip(sorted(digits(w, ew)[1]), sorted(digits(r, er)[1])):
+            parent[find(a[2])] = find(b[2])
+    for w, _, _, _ in links:              # a link is written whole, each element once
+        k = ks[w]
+        keys = [d[2] for e in k.out_index for d in digits(w, e)[1]]
+        free = {d[2] for v, _ in k.dims if v in k.out_vars
+                for d in digits(w, Aff.var(v))[1]}
+        if len(keys) != len(set(keys)) or set(keys) != free \
+                or (k.reduce is None and free != {d[2] for v, _ in k.dims
+                                                  for d in digits(w, Aff.var(v))[1]}):
+            return None
+    letter: dict = {}
+    ext: dict[str, int] = {}
+
+    def view(p, tensor, index):
+        """Letters, shape, strides and offset (elements) of the view ``tensor[index]``."""
+        shape = tensors[tensor].shape
+        rs = [math.prod(shape[j + 1:]) for j in range(len(shape))]
+        order, stride, off = [], {}, 0
+        for e, s in zip(index, rs):
+            const, ds = digits(p, e)
+            off += const * s
+            for c, n, key in sorted(ds, reverse=True):
+                root = find(key)
+                if root not in letter:
+                    if len(letter) == len(LETTERS):
+                        raise _TooMany
+                    letter[root] = LETTERS[len(letter)]
+                    ext[letter[root]] = n
+                L = letter[root]
+                if L not in stride:
+                    order.append(L)
+                    stride[L] = 0
+                stride[L] += c * s
+        return {"tensor": tensor, "letters": "".join(order),
+                "shape": [ext[L] for L in order], "strides": [stride[L] for L in order],
+                "offset": off}
+    try:
+        views = [view(p, a.tensor, a.index) for p, a in externals]
+        last = ks[-1]
+        result = view(len(ks) - 1, last.out, last.out_index)
+    except _TooMany:
+        return None
+    out_keys = [d[2] for e in last.out_index for d in digits(len(ks) - 1, e)[1]]
+    if len(set(result["letters"])) != len(out_keys):
+        return None                        # the result is not a view of distinct elements
+    every = {find(d[2]) for p, k in enumerate(ks) for v, _ in k.dims
+             for d in digits(p, Aff.var(v))[1]}
+    if every - set(letter):
+        return None                        # an index no operand carries (a broadcast summed)
+    eq = ",".join(v["letters"] for v in views) + "->" + result["letters"]
+    return eq, [tuple(v["shape"]) for v in views], ext, views, result
+
+
+class _TooMany(Exception):
+    """More einsum indices than letters."""
 
 
 def with_reorder(report, opp: dict) -> dict[str, float]:
