@@ -464,8 +464,13 @@ def _squeeze(v: np.ndarray, dims: list[str]):
 
 
 def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
-            on_kernel: Callable[[Kernel, dict], None] | None = None) -> dict[str, np.ndarray]:
-    """Run every kernel; returns all tensors (inputs included) by name."""
+            on_kernel: Callable[[Kernel, dict], None] | None = None,
+            on_iteration: Callable[[tuple, int, dict], None] | None = None
+            ) -> dict[str, np.ndarray]:
+    """Run every kernel; returns all tensors (inputs included) by name. ``on_kernel(k,
+    arrays)`` runs after each kernel outside a loop and after each loop's body kernels;
+    ``on_iteration(loop, it, arrays)`` before iteration ``it`` of a sequential loop and,
+    with ``it`` its trip count, after the last (a validator may read and reset a carry)."""
     decls = p.tensor_map
     arrays: dict[str, np.ndarray] = {}
     written = {o for k in p.kernels for o in k.outputs}
@@ -499,8 +504,12 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
             run_one(seg[0], seg[0])
         else:
             for it in range(seg[0].loop[1]):     # a sequential loop: iterations in order
+                if on_iteration is not None:
+                    on_iteration(seg[0].loop, it, arrays)
                 for kk in seg:
                     run_one(kk.bind_loop(it), kk)
+            if on_iteration is not None:
+                on_iteration(seg[0].loop, seg[0].loop[1], arrays)
         if on_kernel is not None:
             for kk in seg:
                 on_kernel(kk, arrays)

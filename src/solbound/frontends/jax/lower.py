@@ -221,6 +221,9 @@ class JaxLowering:
         self.draws_unreplayable = ""         # a draw inside a loop or branch: its source
         self._path: list[int] = []
         self._control = 0                    # depth inside scan bodies and cond branches
+        # loop id -> where a top-level loop's equation is (its path) and the IR history
+        # tensors of its carries: validation can start each iteration from JAX's carries
+        self.loop_carries: dict[int, dict] = {}
 
     # names ------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -310,6 +313,9 @@ class JaxLowering:
         low.branch_assumed = self.branch_assumed
         low.random_draws = {t: v for t, v in self.random_draws.items() if t in program.tensor_map}
         low.draws_unreplayable = self.draws_unreplayable
+        low.loop_carries = {i: {**c, "carries": [t if t in program.tensor_map else None
+                                                 for t in c["carries"]]}
+                            for i, c in self.loop_carries.items()}
         low.values = {k: v for k, v in self.values.items() if v["ir"] in program.tensor_map}
         return low
 
@@ -426,7 +432,7 @@ class JaxLowering:
         nc, ncar = p["num_consts"], p["num_carry"]
         args = [self.read(a) for a in eqn.invars]
         outs = self._loop(p["jaxpr"], p["length"], nc, ncar, args[:nc], args[nc:nc + ncar],
-                          args[nc + ncar:], bool(p.get("reverse")))
+                          args[nc + ncar:], bool(p.get("reverse")), _src(eqn) or self._group[2])
         for out, v in zip(eqn.outvars, outs):
             self.env[out] = v
 
@@ -446,12 +452,12 @@ class JaxLowering:
                                    "(not a fori_loop with both ends known to the program): "
                                    "write it as lax.fori_loop with static bounds or lax.scan")
         outs = self._loop(p["body_jaxpr"], trips, bn, len(init), args[cn:cn + bn], init, [],
-                          False)
+                          False, _src(eqn) or self._group[2])
         for out, v in zip(eqn.outvars, outs):
             self.env[out] = v
 
     def _loop(self, closed, length: int, nc: int, ncar: int, consts, init, xs,
-              reverse: bool) -> list:
+              reverse: bool, src: str = "") -> list:
         """A scan body run ``length`` times: the values of its final carries and of its
         stacked outputs. At the top level a sequential loop in the IR, its body lowered
         once: each carry lives in a history tensor ``[length + 1, ...]`` (iteration ``ts``
@@ -485,6 +491,10 @@ class JaxLowering:
                                   row * x.strides[0] + x.offset, x.dtype)
         self._loops += 1
         self.loop = ("ts", length, self._loops)
+        if not self._control:               # not inside a branch: its path names the loop
+            self.loop_carries[self._loops] = {
+                "path": "/".join(map(str, self._path)), "length": length,
+                "carries": [h.base for h in hist], "source": src}
         self._control += 1
         try:
             for inner in body.eqns:
