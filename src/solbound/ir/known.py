@@ -146,6 +146,11 @@ def _cond(atoms, t, f):
         return UNKNOWN
     if _eq(t, f):
         return t
+    if _mask_value(t) and _mask_value(f) and not (
+            isinstance(t, Known) and isinstance(f, Known) and (math.isinf(t.value) or math.isinf(f.value))):
+        # two finite mask constants (a window's finfo.min, plus a causal finfo.min on top):
+        # masked either way
+        return MaskNeg()
     if t is UNKNOWN and f is UNKNOWN:
         return UNKNOWN
     if f is UNKNOWN and len(live) == 1 and (live[0].lo is None) != (live[0].hi is None):
@@ -559,9 +564,13 @@ def _fact_of(k: Kernel, val, names: list[str]):
 
 
 def seed_from_structure(kind: str, diag: int, rank: int, inside=None):
-    """The fact of a tensor that is ``tril``/``triu`` (of ``inside``, or of data)."""
+    """The fact of a tensor that is ``tril``/``triu`` (of ``inside``, or of data), or a
+    ``band`` (``diag = (lo, hi)``: nonzero where ``lo <= col - row < hi``)."""
     diff = Aff.var(_X.format(rank - 1)) - Aff.var(_X.format(rank - 2))
-    atom = Atom(diff, None, diag + 1) if kind == "tril" else Atom(diff, diag, None)
+    if kind == "band":
+        atom = Atom(diff, diag[0], diag[1])
+    else:
+        atom = Atom(diff, None, diag + 1) if kind == "tril" else Atom(diff, diag, None)
     return Cond((atom,), UNKNOWN if inside is None else Known(inside), Known(0))
 
 

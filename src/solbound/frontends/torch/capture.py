@@ -170,6 +170,11 @@ def _input_structure_mode():
             # an in-place update (add_, copy_, __setitem__, ...) may fill the zero triangle
             if name.endswith("_") and name != "requires_grad_" and hasattr(first, STRUCTURE_ATTR):
                 delattr(first, STRUCTURE_ATTR)
+            if name == "copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor) \
+                    and isinstance(first, torch.Tensor) and args[1].shape == first.shape:
+                for attr in (STRUCTURE_ATTR, CONST_ATTR):      # overwritten whole: its source's
+                    if hasattr(args[1], attr):
+                        setattr(first, attr, getattr(args[1], attr))
             if not isinstance(out, torch.Tensor):
                 return out
             if name in ("ones", "ones_like") or (name in ("full", "full_like") and len(args) > 1
@@ -182,11 +187,53 @@ def _input_structure_mode():
                             out.dim() >= 2 and out.shape[-2:] == first.shape[-2:])):
                         setattr(out, attr, tag)
             if name.rstrip("_") in ("triu", "tril") and out.dim() >= 2:
-                diag = args[1] if len(args) > 1 else kwargs.get("diagonal", 0)
-                setattr(out, STRUCTURE_ATTR, (name.rstrip("_"), int(diag),
-                                              getattr(first, CONST_ATTR, None)))
+                diag = int(args[1] if len(args) > 1 else kwargs.get("diagonal", 0))
+                kind = name.rstrip("_")
+                inside = getattr(first, CONST_ATTR, None)
+                tag = getattr(first, STRUCTURE_ATTR, None)
+                if inside is None and tag is not None and tag[2] == 1 and tag[0] == kind and (
+                        diag <= tag[1] if kind == "tril" else diag >= tag[1]):
+                    inside = 1      # a smaller triangle of a triangle of ones: ones inside
+                setattr(out, STRUCTURE_ATTR, (kind, diag, inside))
+            elif name in _BAND_OPS and len(args) >= 2:
+                band = _band_of(getattr(args[0], STRUCTURE_ATTR, None),
+                                getattr(args[1], STRUCTURE_ATTR, None), name)
+                if band is not None and out.shape[-2:] == args[0].shape[-2:]:
+                    setattr(out, STRUCTURE_ATTR, band)
             return out
     return Mode()
+
+
+# two triangles of ones combined into a band of ones (GPT-Neo's local attention:
+# bitwise_xor(tril(ones), tril(ones, -window)))
+_BAND_OPS = {"bitwise_xor", "__xor__", "logical_xor", "sub", "__sub__", "bitwise_and",
+             "__and__", "logical_and", "mul", "__mul__"}
+
+
+def _band_of(a, b, op: str):
+    """``("band", (lo, hi), 1)``: ones where ``lo <= col - row < hi``, zeros elsewhere, for
+    two triangle-of-ones tags ``a``, ``b`` combined by ``op``; else None."""
+    if a is None or b is None or a[2] != 1 or b[2] != 1 or "band" in (a[0], b[0]):
+        return None
+
+    def span(t):      # col - row in [lo, hi) where the triangle holds ones
+        return (None, t[1] + 1) if t[0] == "tril" else (t[1], None)
+    (alo, ahi), (blo, bhi) = span(a), span(b)
+    if op in ("bitwise_xor", "__xor__", "logical_xor", "sub", "__sub__"):
+        # a minus a triangle inside it (a nested pair of the same kind)
+        if a[0] == b[0] == "tril" and b[1] < a[1]:
+            return ("band", (b[1] + 1, a[1] + 1), 1)
+        if a[0] == b[0] == "triu" and b[1] > a[1]:
+            return ("band", (a[1], b[1]), 1)
+        if op not in ("sub", "__sub__") and a[0] == b[0] == "tril" and a[1] < b[1]:
+            return ("band", (a[1] + 1, b[1] + 1), 1)
+        return None
+    # intersection: a tril and a triu
+    lo = blo if alo is None else alo if blo is None else max(alo, blo)
+    hi = bhi if ahi is None else ahi if bhi is None else min(ahi, bhi)
+    if lo is None or hi is None or lo >= hi:
+        return None
+    return ("band", (lo, hi), 1)
 
 
 def input_structure(inputs) -> list[tuple[str, int, object] | None]:
@@ -204,6 +251,14 @@ def _triangular_by_value(t) -> tuple[str, int, object] | None:
         return None
     if not torch.any(t):
         return None
+    # ones exactly where lo <= col - row < hi: a triangle or a band (a sliding window)
+    n, m = t.shape[-2], t.shape[-1]
+    diff = torch.arange(m).view(1, m) - torch.arange(n).view(n, 1)
+    nz = diff.expand(t.shape)[t != 0]
+    lo, hi = int(nz.min()), int(nz.max()) + 1
+    band = ((diff >= lo) & (diff < hi)).expand(t.shape)
+    if torch.equal(t != 0, band) and torch.all(t[band] == 1) and lo > -(n - 1) and hi < m:
+        return ("band", (lo, hi), 1)
     for kind, fn in (("tril", torch.tril), ("triu", torch.triu)):
         if torch.equal(fn(t), t):
             ones = torch.equal(t, fn(torch.ones_like(t)))
@@ -425,7 +480,8 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                     contextlib.redirect_stderr(io.StringIO()), \
                     (torch.device(home) if home is not None else contextlib.nullcontext()), \
                     _traceable_experts(model, not keep_experts) as experts, \
-                    (mode if mode is not None else contextlib.nullcontext()):
+                    (mode if mode is not None else contextlib.nullcontext()), \
+                    (_literal_values() if not strict else contextlib.nullcontext()):
                 warnings.simplefilter("ignore")
                 ep = torch.export.export(model, args, strict=strict)
             if mode is None and _has_value_sizes(ep):
@@ -491,6 +547,35 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                                 f"{_oneline(culprit)}"
                                 + (f" (strict export failed too: {_oneline(e)})"
                                    if first_failure is not None else "")) from None
+
+
+LITERAL_ATTR = "_solbound_literal"
+
+
+def _literal_values():
+    """``torch.tensor(literal)`` made in forward on the meta device (GPT-Neo's mask value,
+    ``torch.tensor(torch.finfo(dtype).min, device=x.device)``) has no value there: the
+    literal is kept on the tensor (``LITERAL_ATTR``), so the lowering knows the constant
+    as it would on a real device."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.tensor and args and isinstance(out, torch.Tensor) \
+                    and out.device.type == "meta" and _is_literal(args[0]):
+                setattr(out, LITERAL_ATTR, args[0])
+            return out
+    return Mode()
+
+
+def _is_literal(v, depth: int = 0) -> bool:
+    if isinstance(v, (bool, int, float)):
+        return True
+    if isinstance(v, (list, tuple)) and depth < 3 and len(v) <= 4096:
+        return all(_is_literal(x, depth + 1) for x in v)
+    return False
 
 
 def _has_value_sizes(ep) -> bool:

@@ -501,6 +501,7 @@ class Lowering:
         seeds = {name: Cond(atoms, UNKNOWN, Known(0))
                  for name, atoms in self._input_support(inputs, program, written).items()}
         seeds.update(self._state_seeds(state, program, written))
+        seeds.update(self._constant_seeds(state, program, written))
         folded, dense_masks = fold_report(Program(program.tensors, tuple(kernels), program.notes))
         for t in dense_masks:
             w = next((k for k in kernels if k.out == t), None)
@@ -555,6 +556,12 @@ class Lowering:
             kind, diag = st[0], st[1]
             r = len(program.tensor_map[name].shape)
             diff = Aff.var(f"x{r - 1}") - Aff.var(f"x{r - 2}")
+            if kind == "band":
+                support[name] = (Atom(diff, diag[0], diag[1]),)
+                self.notes.append(f"input {name} is a band ({diag[0]} <= col - row < {diag[1]}, "
+                                  f"built from triangles of ones): products that read it skip "
+                                  f"the zeros outside it")
+                continue
             support[name] = (Atom(diff, diag, None) if kind == "triu" else Atom(diff, None, diag + 1),)
             self.notes.append(f"input {name} is {'upper' if kind == 'triu' else 'lower'} triangular "
                               f"(get_inputs builds it with torch.{kind}, diagonal {diag}): "
@@ -570,7 +577,11 @@ class Lowering:
             # run decides, and the IR must not depend on whether the trace saw their values
             return None
         val = self.ep.constants.get(target) if target is not None else None
-        if val is None or not isinstance(val, torch.Tensor) or val.device.type == "meta":
+        if isinstance(val, torch.Tensor) and val.device.type == "meta":
+            from .capture import LITERAL_ATTR
+            lit = getattr(val, LITERAL_ATTR, None)     # torch.tensor(literal) on meta
+            return None if lit is None else torch.tensor(lit, dtype=val.dtype).expand(val.shape)
+        if val is None or not isinstance(val, torch.Tensor):
             return None
         from torch._subclasses.fake_tensor import FakeTensor
         return None if isinstance(val, FakeTensor) else val
@@ -588,9 +599,36 @@ class Lowering:
                 continue
             kind, diag, inside = tag
             seeds[name] = seed_from_structure(kind, diag, len(tmap[name].shape), inside)
+            if kind == "band":
+                self.notes.append(f"{st['role']} {st['target']} is a band of ones ({diag[0]} <= "
+                                  f"col - row < {diag[1]}, a sliding window): work it masks "
+                                  f"is skipped")
+                continue
             self.notes.append(f"{st['role']} {st['target']} is {'lower' if kind == 'tril' else 'upper'}"
                               f" triangular{' of ones' if inside == 1 else ''} (built with "
                               f"torch.{kind}): work it masks is skipped")
+        return seeds
+
+    def _constant_seeds(self, state: list[dict], program: Program, written: set[str]) -> dict:
+        """Constants made in forward whose values are known (a lifted
+        ``torch.tensor(finfo.min)`` mask value): one element is a known value; a larger
+        one may be a triangle or band of ones (its structure, read from its values)."""
+        from .capture import _triangular_by_value
+        seeds = {}
+        tmap = program.tensor_map
+        for st in state:
+            name = st["ir"]
+            if st["role"] != "constant" or name not in tmap or name in written or name in self.flat:
+                continue
+            val = self.constant_value(name)
+            if val is None or val.is_complex():
+                continue
+            if val.numel() == 1:
+                seeds[name] = Known(val.reshape(()).item())
+            elif val.dim() >= 2 and len(tmap[name].shape) >= 2:
+                tag = _triangular_by_value(val)
+                if tag is not None:
+                    seeds[name] = seed_from_structure(tag[0], tag[1], len(tmap[name].shape), tag[2])
         return seeds
 
     def _counter_seeds(self, state: list[dict], program: Program) -> tuple[dict, list[str]]:
