@@ -150,6 +150,68 @@ def test_lstm_twin_against_a_scan_counts_the_same():
     _same(t, j)
 
 
+class _Fn(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def test_a_sum_of_squares_is_one_mac_per_element_however_written_in_either_frontend():
+    # x ** 2, pow(x, 2), square(x) and x * x, summed or averaged over the last axis of a
+    # 4x6 tensor: each element is one multiply-add (24 MACs: a multiply and an add, 48
+    # vector FLOPs), and the mean divides each of the 4 sums once more (52)
+    B, D = 4, 6
+    jax_forms = {"x ** 2": lambda x: x ** 2,                     # integer_pow
+                 "pow(x, 2)": lambda x: jax.lax.pow(x, 2),       # pow, as keras' ops.power
+                 "x ** 2.0": lambda x: x ** 2.0,                 # pow
+                 "square(x)": jnp.square,                        # square
+                 "x * x": lambda x: x * x}
+    torch_forms = {"x ** 2": lambda x: x ** 2, "pow(x, 2)": lambda x: torch.pow(x, 2),
+                   "square(x)": torch.square, "x * x": lambda x: x * x}
+    for reduce, vector in (("sum", 2 * B * D), ("mean", 2 * B * D + B)):
+        got = {}
+        for name, sq in jax_forms.items():
+            red = getattr(jnp, reduce)
+            rep = solbound.analyze(lambda x, sq=sq, red=red: red(sq(x), axis=-1),
+                                   (S((B, D), F32),), validate=True)
+            assert rep.validation["status"] == "passed", (name, rep.validation)
+            got[f"jax {name}"] = (rep.counts.macs, rep.counts.flops)
+        for name, sq in torch_forms.items():
+            rep = solbound.analyze(_Fn(lambda x, sq=sq: getattr(sq(x), reduce)(-1)),
+                                   (torch.randn(B, D),))
+            got[f"torch {name}"] = (rep.counts.macs, rep.counts.flops)
+        want = (B * D, {"matrix": 0, "vector": vector, "special": 0})
+        assert got == {k: want for k in got}, reduce
+
+
+def test_rmsnorm_twins_count_the_same_with_pow_and_with_a_product():
+    # keras-hub's Llama/Mistral RMSNorm (ops.power(x, 2), then mean) against PyTorch's
+    # x.pow(2).mean(-1); per row of D: D squares summed (D MACs), the mean's division, the
+    # epsilon, one rsqrt, then x * r and * w (2D products)
+    B, D = 4, 6
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(D))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+    t = solbound.analyze(RMSNorm(), (torch.randn(B, D),))
+
+    def rmsnorm(w, x):
+        return x * jax.lax.rsqrt(jnp.mean(jax.lax.pow(x, 2), -1, keepdims=True) + 1e-6) * w
+    j = solbound.analyze(rmsnorm, (S((D,), F32), S((B, D), F32)), validate=True)
+    assert j.validation["status"] == "passed", j.validation
+    assert j.counts.macs == B * D
+    assert j.counts.flops == {"matrix": 0, "vector": 2 * B * D + 2 * B + 2 * B * D,
+                              "special": B}
+    _same(t, j)
+
+
 def test_gather_dynamic_slices_and_sort():
     def f(E, ids, cache, k):
         x = E[ids] * 2                                              # an embedding lookup

@@ -142,6 +142,27 @@ def test_keras_hub_gemma3_sliding_window_layers_count_the_band():
                                             qk_norm=True)
 
 
+def test_keras_hub_llama_rmsnorm_with_ops_power_counts_its_sum_of_squares():
+    # LlamaLayerNorm writes mean(ops.power(x, 2)): JAX's pow primitive, counted as x * x,
+    # so each of the 2 norms per layer and the final one is T*H MACs, as Gemma's square is
+    keras_hub = _keras_hub()
+    T = 8
+    m = keras_hub.models.LlamaBackbone(vocabulary_size=100, num_layers=2, num_query_heads=4,
+                                       num_key_value_heads=2, hidden_dim=32,
+                                       intermediate_dim=48)
+    rep = solbound.analyze(*_backbone_fn(m, T), validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    # per layer: q, k, v, o 8*32*(32 + 2*16) + 8*32*32 = 24,576; the FFN 3*8*32*48 =
+    # 36,864; 4 heads over 36 causal pairs of width 8, twice, 2,304; two norms 2*8*32 = 512;
+    # two layers and the final norm (256): 128,768
+    want = _decoder_macs(layers=2, tokens=T, hidden=32, heads=4, kv_heads=2, head_dim=8,
+                         ffn=48, pairs=lambda i: T * (T + 1) // 2)
+    assert rep.counts.macs == want == 128_768
+    norms = [k for k in rep.counts.kernels if k.macs and k.kind == "reduction"]
+    assert sum(k.macs for k in norms) == 5 * T * 32
+
+
 # --- the gemma library (Google DeepMind's gemma.gm.nn) --------------------------------------
 
 def _gemma_lib():

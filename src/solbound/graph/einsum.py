@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.classify import MATRIX_UNITS, _strip_cast, classify  # noqa: F401  (re-exported)
+from ..ir.classify import (MATRIX_UNITS, _strip_cast, classify,  # noqa: F401  (re-exported)
+                           squares_as_products)
 from ..ir.model import Access, Kernel, Program, kernel_reads
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class Graph:
 
 
 def build_graph(p: Program) -> Graph:
+    """The einsum graph of ``p``, its squares written as products (``squares_as_products``:
+    ``pow(x, 2)`` counts as ``x * x`` whichever frontend wrote it)."""
+    p = squares_as_products(p)
     g = Graph(p, [lift(k) for k in p.kernels])
     for i, n in enumerate(g.nodes):
         for o in n.kernel.outputs:
