@@ -190,7 +190,7 @@ def stepped_reference(lowered, fn, values) -> tuple[list, dict[int, list[np.ndar
             ins = [a.val if isinstance(a, Literal) else env[a] for a in eqn.invars]
             if path in loops:
                 outs, hist = _iterate(eqn, ins, run)
-                hists[loops[path]] = [np.stack([_plain(c) for c in h]) for h in hist]
+                hists[loops[path]] = [_golden(np.stack([_plain(c) for c in h])) for h in hist]
             elif path in prefixes and eqn.primitive.name in CALLS:
                 p = eqn.params
                 inner = p.get("jaxpr") or p.get("call_jaxpr") or p.get("fun_jaxpr")
