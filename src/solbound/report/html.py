@@ -13,9 +13,9 @@ needed to view it). It holds:
 from __future__ import annotations
 
 import html
-import json
 
 from ..bounds.roofline import group_seconds
+from .report import dumps
 
 _SORT_JS = """
 function sortTable(th) {
@@ -180,7 +180,7 @@ def render_html(report) -> str:
         items += [f"<li>unsupported: {html.escape(u.operator)} at {html.escape(u.source or '?')}"
                   f": {html.escape(u.reason)}</li>" for u in report.unsupported]
         parts.append("<h2>Notes and assumptions</h2><ul>" + "".join(items) + "</ul>")
-    data = json.dumps({"source": report.source, "macs": pc.macs})
+    data = dumps({"source": report.source, "macs": pc.macs})
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>solbound: "
             f"{html.escape(report.source)}</title><style>{_CSS}</style>"
             f"<script>{_SORT_JS}</script></head><body data-report='{html.escape(data)}'>"
