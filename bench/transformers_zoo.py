@@ -103,6 +103,25 @@ def llama_decode_static(context):
     return mod, (ids,), LAYERS * per_layer + D + D * V
 
 
+def llama_decode_executorch(context):
+    """transformers' own export wrapper for decode, ``TorchExportableModuleWithStaticCache``
+    (what ExecuTorch users export), at cache position ``context - 1`` of a ``context``-long
+    StaticCache; it traces only under strict export, which capture retries. On the meta
+    device the position has no value: attention over the whole cache (stated)."""
+    from transformers import GenerationConfig
+    from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
+    m = llama_8b()
+    m.generation_config = GenerationConfig(
+        use_cache=True, cache_implementation="static",
+        cache_config={"batch_size": 1, "max_cache_len": context})
+    with torch.device("meta"):
+        mod = TorchExportableModuleWithStaticCache(m)
+        ids = torch.zeros(1, 1, dtype=torch.long)
+        pos = torch.tensor([context - 1])
+    per_layer = 2 * D * H * HD + 2 * D * KV * HD + 3 * D * F + 2 * H * HD * context + 2 * D
+    return mod, (ids, None, pos), LAYERS * per_layer + D + D * V
+
+
 E, K = 8, 2
 
 
@@ -126,7 +145,9 @@ def mixtral_prefill(tokens):
 
 MODELS = {"llama3-8b-prefill": llama_prefill, "llama3-8b-decode": llama_decode,
           "llama3-8b-decode-transformers": llama_decode_transformers,
-          "llama3-8b-decode-static": llama_decode_static, "mixtral-8x7b-prefill": mixtral_prefill}
+          "llama3-8b-decode-static": llama_decode_static,
+          "llama3-8b-decode-executorch": llama_decode_executorch,
+          "mixtral-8x7b-prefill": mixtral_prefill}
 KEEP_DISPATCH = {"mixtral-8x7b-prefill"}
 
 

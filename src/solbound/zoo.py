@@ -1,0 +1,291 @@
+"""Every architecture transformers registers, built small from its own config class.
+
+``shrink_config(cfg)`` is one generic rule over config fields, not a table per model:
+layer counts to 2, attention heads to at most 4 (key/value heads keeping their grouping),
+widths to at most 256, experts to at most 4 (2 per token), vocabularies to at most 4096,
+recursively through sub-configs (``text_config``, ``vision_config``, encoder/decoder
+configs). ``build(arch, task)`` constructs the registered model class for that task with
+random weights from the shrunk default config, and the inputs a user would call it with
+(token ids; decoder ids for sequence-to-sequence; pixels for vision), called with its
+defaults: no wrapper, no ``use_cache=False``.
+
+    >>> from transformers import LlamaConfig
+    >>> small, changed = shrink_config(LlamaConfig())
+    >>> small.num_hidden_layers, small.hidden_size, small.num_attention_heads
+    (2, 64, 4)
+    >>> small.num_key_value_heads, small.intermediate_size, small.vocab_size
+    (4, 128, 4096)
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Any
+
+LAYERS = 2
+HEADS = 4
+HIDDEN = 64
+HEAD_DIM = 16
+FFN = 128
+WIDTH_MAX = 256
+EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
+VOCAB = 4096
+TOKENS = 16
+IMAGE = 32
+
+TASKS = {
+    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "vision": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+}
+
+# field names by what they mean (matched on the whole name)
+_LAYERS = re.compile(r"(num_)?(hidden_|encoder_|decoder_|text_|vision_)?(layers|n_layers?|"
+                     r"num_hidden_layers|layer_count|depth)")
+_KV_HEADS = re.compile(r"(num_)?(key_value|kv)_heads|n_kv_heads?|num_kv_heads|multi_query_group_num")
+_HEADS = re.compile(r"(.*_)?(n_)?heads?")
+_HEAD_DIM = re.compile(r"(head_dim|attention_head_size|kv_channels|qk_head_dim|v_head_dim|"
+                       r"qk_nope_head_dim|qk_rope_head_dim|head_size|d_kv|rotary_dim|"
+                       r"rotary_emb_dim|.*_head_dim)")
+_HIDDEN = re.compile(r"(hidden_size|d_model|n_embd|embed_dim|embedding_size|hidden_dim|"
+                     r"model_dim|dim|word_embed_proj_dim|n_embed|emb_dim)")
+_FFN = re.compile(r".*(intermediate_size|ffn_dim|n_inner|d_ff|ffn_hidden_size|"
+                  r"mlp_dim|inner_dim|ff_dim|ffn_dim_size)")
+_EXPERTS = re.compile(r"(num_experts|num_local_experts|n_routed_experts|moe_num_experts|"
+                      r"num_routed_experts|n_experts)")
+_TOPK = re.compile(r"(num_experts_per_tok|num_experts_per_token|top_k|moe_topk|"
+                   r"n_activated_experts|experts_per_token|moe_k)")
+_GROUPS = re.compile(r"(n_group|topk_group|num_expert_group)")
+_VOCAB = re.compile(r".*vocab_size")
+_TOKEN_ID = re.compile(r".*_token_id")
+_POSITIONS = re.compile(r"(max_position_embeddings|n_positions|max_seq_len|seq_length|"
+                        r"max_sequence_length|n_ctx)")
+_WIDTHLIKE = re.compile(r".*(size|dim|rank|channels|width|vocab).*")
+
+
+@dataclass
+class Built:
+    arch: str           # the registered class name (LlamaForCausalLM)
+    model_type: str     # the config's model_type (llama)
+    task: str
+    model: Any
+    inputs: tuple
+    config: Any
+    changed: dict       # field -> (default, shrunk)
+
+
+class ShrinkError(Exception):
+    """A config the shrinker cannot make small, or a model class it cannot build."""
+
+
+def _heads(n: int) -> int:
+    return min(n, HEADS)
+
+
+def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """The overrides for one config's fields: ``{field: (default, shrunk)}``.
+
+    Heads first (key/value heads keep their ratio to query heads), then the widths they
+    must divide; any other integer width field over 256 is halved until it fits."""
+    out: dict[str, tuple[Any, Any]] = {}
+
+    def put(k, v):
+        if values[k] != v:
+            out[k] = (values[k], v)
+
+    ints = {k: v for k, v in values.items() if type(v) is int}
+    heads = {k: v for k, v in ints.items() if _HEADS.fullmatch(k) and not _KV_HEADS.fullmatch(k)
+             and v > 0}
+    q_heads = max(heads.values(), default=0)
+    new_q = _heads(q_heads) if q_heads else 0
+    for k, v in heads.items():
+        put(k, _heads(v))
+    for k, v in ints.items():
+        if _KV_HEADS.fullmatch(k) and v > 0:
+            group = max(1, q_heads // v) if q_heads else 1
+            put(k, max(1, new_q // group) if new_q else min(v, HEADS))
+    for k, v in ints.items():
+        if k in out or v <= 0:
+            continue
+        if _LAYERS.fullmatch(k):
+            put(k, min(v, LAYERS))
+        elif _HEAD_DIM.fullmatch(k):
+            put(k, min(v, HEAD_DIM))
+        elif _HIDDEN.fullmatch(k):
+            put(k, min(v, HIDDEN))
+        elif _FFN.fullmatch(k):
+            put(k, min(v, FFN))
+        elif _EXPERTS.fullmatch(k):
+            put(k, min(v, EXPERTS))
+        elif _TOPK.fullmatch(k):
+            put(k, min(v, EXPERTS_PER_TOKEN))
+        elif _GROUPS.fullmatch(k):
+            put(k, 1)
+        elif _VOCAB.fullmatch(k):
+            put(k, min(v, VOCAB))
+        elif _POSITIONS.fullmatch(k):
+            put(k, min(v, 512) if v >= 64 else v)
+        elif _WIDTHLIKE.fullmatch(k) and v > WIDTH_MAX:
+            n = v
+            while n > WIDTH_MAX:
+                n //= 2
+            put(k, n)
+    vocab = min((out.get(k, (None, v))[1] for k, v in ints.items() if _VOCAB.fullmatch(k)),
+                default=None)
+    if vocab:
+        for k, v in ints.items():
+            if _TOKEN_ID.fullmatch(k) and v >= vocab:
+                put(k, vocab - 1 - (hash(k) % 8))
+    # per-layer lists follow the layer count; a list of layer kinds (layer_types,
+    # layers_block_type: sliding and full attention, linear attention, Mamba, hybrid
+    # blocks) keeps one layer of each kind, in the order they first appear
+    layer_keys = [k for k in out if _LAYERS.fullmatch(k)]
+    if layer_keys:
+        n = min(out[k][1] for k in layer_keys)
+        old_n = max(out[k][0] for k in layer_keys)
+        kinds_n = n
+        for k, v in values.items():
+            if isinstance(v, list) and len(v) == old_n and v and all(isinstance(x, str) for x in v):
+                kinds = list(dict.fromkeys(v))
+                new = kinds + v[:max(0, n - len(kinds))] if len(kinds) < n else kinds
+                kinds_n = max(kinds_n, len(new))
+                put(k, new)
+        for k, v in values.items():
+            if isinstance(v, list) and len(v) == old_n and k not in out:
+                put(k, v[:kinds_n])
+        if kinds_n != n:
+            for k in layer_keys:
+                out[k] = (out[k][0], kinds_n)
+    # a layer pattern given by period and offset (Jamba's attention every 8th layer from
+    # the 4th) repeats within the shrunk layers
+    for k, v in ints.items():
+        if k.endswith("_layer_period") and v > LAYERS:
+            put(k, LAYERS)
+            off = k.replace("_period", "_offset")
+            if type(values.get(off)) is int:
+                put(off, values[off] % LAYERS)
+    return out
+
+
+def shrink_config(cfg) -> tuple[Any, dict]:
+    """A small copy of a transformers config (see the module docstring) and what changed,
+    ``{"field" or "sub.field": (default, shrunk)}``. Sub-configs shrink by the same rule."""
+    from transformers import PretrainedConfig
+    changed: dict = {}
+
+    def shrink(c, prefix):
+        values = c.to_dict()
+        subs = {}
+        for k, v in list(vars(c).items()):
+            if isinstance(v, PretrainedConfig):
+                subs[k] = shrink(v, f"{prefix}{k}.")
+        # a field the class derives from others (its default None or "auto": head_dim,
+        # layer_types, a Mamba head size) is left to be derived again from the shrunk ones
+        derived = {k for k, d in _class_defaults(type(c)).items()
+                   if (d is None or isinstance(d, str)) and values.get(k) is not d
+                   and not isinstance(values.get(k), str) and _SIZED(k, values.get(k))}
+        over = shrink_values({k: v for k, v in values.items()
+                              if k not in subs and k not in derived}, prefix)
+        changed.update({prefix + k: v for k, v in over.items()})
+        kwargs = {k: v for k, v in values.items()
+                  if k not in derived and k not in subs
+                  and k not in ("transformers_version", "model_type", "architectures")}
+        kwargs.update({k: new for k, (_, new) in over.items()})
+        # sub-configs as the dicts a checkpoint's config.json would hold
+        kwargs.update({k: v.to_dict() for k, v in subs.items()})
+        try:
+            new = type(c)(**kwargs)
+        except Exception as e:  # noqa: BLE001
+            raise ShrinkError(f"{type(c).__name__}: the shrunk config does not construct: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+        return new
+
+    return shrink(cfg, ""), changed
+
+
+def _SIZED(k: str, v) -> bool:
+    """A field the shrinker sizes (or a per-layer list): derived ones are re-derived."""
+    if isinstance(v, list):     # a list of layer kinds is shrunk kind by kind, not derived
+        return not (v and all(isinstance(x, str) for x in v))
+    return any(p.fullmatch(k) for p in (_LAYERS, _KV_HEADS, _HEADS, _HEAD_DIM, _HIDDEN, _FFN,
+                                        _EXPERTS, _TOPK, _GROUPS, _VOCAB, _WIDTHLIKE))
+
+
+def _class_defaults(cls) -> dict:
+    """A config class's own defaults: its dataclass fields or ``__init__`` keywords."""
+    import dataclasses
+    if dataclasses.is_dataclass(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls)
+                if f.default is not dataclasses.MISSING}
+    try:
+        params = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def registry(task: str = "causal-lm") -> list[tuple[str, str]]:
+    """``(model_type, class name)`` of every architecture transformers registers for a task."""
+    from transformers.models.auto import modeling_auto
+    names = getattr(modeling_auto, TASKS[task])
+    return sorted((mt, cls if isinstance(cls, str) else cls[0]) for mt, cls in names.items())
+
+
+def _inputs(task: str, cfg, model) -> tuple:
+    import torch
+    g = torch.Generator().manual_seed(0)
+    text = getattr(cfg, "get_text_config", lambda **_: cfg)(decoder=True)
+    vocab = getattr(text, "vocab_size", None) or VOCAB
+    sig = inspect.signature(model.forward).parameters
+    if task == "vision" or ("input_ids" not in sig and "pixel_values" in sig):
+        vis = getattr(cfg, "vision_config", cfg)
+        size = getattr(vis, "image_size", IMAGE)
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        ch = getattr(vis, "num_channels", 3)
+        return (torch.randn(1, ch, min(size, IMAGE) if size else IMAGE,
+                            min(size, IMAGE) if size else IMAGE, generator=g),)
+    ids = torch.randint(0, vocab, (1, TOKENS), generator=g)
+    if task == "seq2seq":
+        return (ids,), {"decoder_input_ids": torch.randint(0, vocab, (1, TOKENS // 2), generator=g)}
+    return (ids,)
+
+
+def build(model_type: str, task: str = "causal-lm") -> Built:
+    """The registered ``task`` model for ``model_type``, small, random weights, eval mode."""
+    import torch
+    from transformers import AutoConfig
+    from transformers.models.auto import modeling_auto
+    import transformers
+    names = dict(registry(task))
+    if model_type not in names:
+        raise ShrinkError(f"{model_type}: no {task} architecture registered in transformers")
+    cls_name = names[model_type]
+    cls = getattr(transformers, cls_name, None)
+    if cls is None:
+        raise ShrinkError(f"{cls_name}: registered but not importable from transformers")
+    try:
+        default = AutoConfig.for_model(model_type)
+    except Exception as e:  # noqa: BLE001
+        raise ShrinkError(f"{model_type}: the default config does not construct: "
+                          f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    cfg, changed = shrink_config(default)
+    torch.manual_seed(0)
+    try:
+        model = cls(cfg).eval()
+    except Exception as e:  # noqa: BLE001
+        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        try:
+            with torch.device("meta"):
+                cls(default)
+        except Exception as e2:  # noqa: BLE001 - transformers' own default does not build
+            raise ShrinkError(f"{cls_name}: transformers' default {type(default).__name__} does "
+                              f"not build the model either: {type(e2).__name__}: "
+                              f"{(str(e2).splitlines() or [''])[0][:200]}") from None
+        raise ShrinkError(f"{cls_name}: does not build from the shrunk config: {why}") from None
+    inputs = _inputs(task, cfg, model)
+    del modeling_auto
+    return Built(cls_name, model_type, task, model, inputs, cfg, changed)

@@ -1,0 +1,47 @@
+"""A fixed sample of transformers' causal-LM registry that no other test builds, each
+built by the one generic shrinker (``solbound.zoo``) from its own config class and called
+with its defaults: analyzed with nothing unsupported, every returned tensor an output,
+validated against the library's forward, and every ``nn.Linear`` counted exactly
+(tokens x in x out MACs: the product a linear layer needs, from the module alone).
+``python bench/registry.py`` runs the whole registry."""
+
+import pytest
+import torch
+
+import solbound
+from solbound import zoo
+
+SAMPLE = ["bitnet", "biogpt", "bloom", "cohere", "ctrl", "falcon_mamba", "gemma2", "gemma3_text",
+          "glm4_moe", "gpt_bigcode", "gpt_neox", "gpt_oss", "granitemoe", "helium", "internlm3",
+          "jamba", "qwen3_next"]
+
+
+def test_the_shrinker_is_one_rule_over_field_names():
+    from transformers import MixtralConfig
+    small, changed = zoo.shrink_config(MixtralConfig())
+    assert (small.num_hidden_layers, small.hidden_size, small.intermediate_size) == (2, 64, 128)
+    # 32 query heads over 8 key/value heads: groups of 4 kept, so 4 heads over 1
+    assert (small.num_attention_heads, small.num_key_value_heads) == (4, 1)
+    assert (small.num_local_experts, small.num_experts_per_tok) == (4, 2)
+    assert small.vocab_size == 4096 and changed["vocab_size"] == (32000, 4096)
+
+
+@pytest.mark.parametrize("model_type", SAMPLE)
+def test_a_registered_architecture_called_with_its_defaults(model_type):
+    b = zoo.build(model_type)
+    ids = b.inputs[0]
+    tokens = ids.numel()
+    rep = solbound.analyze(b.model, b.inputs, arch="h100-sxm", source=b.arch, validate=True)
+    assert rep.unsupported == [], rep.unsupported
+    d = rep.to_dict()
+    outs = d["outputs"]
+    assert outs and outs[0]["path"] == "logits" and outs[0]["shape"][:2] == [1, tokens]
+    # every nn.Linear the forward calls once on every token: exactly tokens*in*out MACs
+    macs = {m["module"]: m["macs"] for m in d["modules"]}
+    linears = {name: mod for name, mod in b.model.named_modules()
+               if type(mod) is torch.nn.Linear and name in macs}
+    assert linears, "no linear layer attributed"
+    for name, mod in linears.items():
+        want = tokens * mod.in_features * mod.out_features
+        assert macs[name] == want, (name, macs[name], want)
+    assert rep.validation["status"] == "passed", rep.validation
