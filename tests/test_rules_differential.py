@@ -339,6 +339,8 @@ case("fft", lambda s, x: torch.view_as_real(torch.fft.fft(x)).sum(-1)
 case("complex", lambda s, x, y: torch.view_as_real(
     torch.view_as_complex(x) * torch.view_as_complex(y) - torch.view_as_complex(y)),
      [((3, 2), (3, 2)), ((2, 4, 2), (2, 4, 2))])
+case("polar", lambda s, r, t: torch.view_as_real(torch.polar(pos(r), t)),
+     [(A, A), (B, B)])
 case("linalg", lambda s, a, b: torch.linalg.solve(_spd(a), b).sum() + torch.linalg.inv(_spd(a))
      + torch.linalg.cholesky(_spd(a)) + torch.linalg.eigvalsh(_spd(a)).sum()
      + torch.linalg.svdvals(a).sum() + torch.linalg.qr(a).R.abs(),

@@ -16,7 +16,7 @@ import operator
 from ....ir.affine import Aff
 from ....ir.model import Call
 from ..lower import KernelBuilder, LoweringError, OpCtx, View, rule
-from ._util import dims_vars, reduce_kernel
+from ._util import dims_vars, elementwise, reduce_kernel
 
 
 def _used_outputs(ctx: OpCtx) -> list[int]:
@@ -258,6 +258,16 @@ def view_as_complex(ctx: OpCtx) -> None:
     ctx.emit(kb, out, idx, Call("complex", (kb.load(x, idx + [Aff.lit(0)]),
                                             kb.load(x, idx + [Aff.lit(1)]))))
     ctx.bind(out)
+
+
+@rule("aten.polar")
+def polar(ctx: OpCtx) -> None:
+    """``abs * (cos(angle) + i sin(angle))`` (Llama 4's rotary frequencies): a cosine, a
+    sine and two products per element, assembled into a complex number."""
+    def body(r, theta):
+        return Call("complex", (Call("mul", (r, Call("cos", (theta,)))),
+                                Call("mul", (r, Call("sin", (theta,))))))
+    ctx.bind(elementwise(ctx, body, [ctx.args[0], ctx.args[1]]))
 
 
 @rule("aten.view_as_real")
