@@ -45,6 +45,14 @@ def one(task: str, model_type: str, validate: bool = True) -> dict:
         rep = solbound.analyze(b.model, b.inputs, source=b.arch, arch="h100-sxm")
     except Exception as e:  # noqa: BLE001
         rec.update(status="error", error=oneline(e), seconds=time.perf_counter() - t0)
+        # is it the model's own default call that fails (in eager PyTorch too)?
+        import torch
+        try:
+            with torch.no_grad():
+                b.model(*b.inputs)
+        except Exception as e2:  # noqa: BLE001
+            rec.update(stage="eager", error=f"the default call fails in eager PyTorch too: "
+                                            f"{oneline(e2)}")
         return rec
     rec.update(macs=rep.counts.macs, flops=sum(rep.counts.flops.values()),
                fused_bytes=rep.counts.fused.bytes, kernels=len(rep.program.kernels),

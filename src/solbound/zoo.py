@@ -197,12 +197,21 @@ def shrink_config(cfg) -> tuple[Any, dict]:
         kwargs.update({k: new for k, (_, new) in over.items()})
         # sub-configs as the dicts a checkpoint's config.json would hold
         kwargs.update({k: v.to_dict() for k, v in subs.items()})
-        try:
-            new = type(c)(**kwargs)
-        except Exception as e:  # noqa: BLE001
-            raise ShrinkError(f"{type(c).__name__}: the shrunk config does not construct: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
-        return new
+        # a config may tie its head size to the others (Mamba-2: heads x head size =
+        # expand x hidden): other head sizes are tried before giving up
+        heads = [k for k in over if _HEAD_DIM.fullmatch(k)]
+        tries = [{}] + [{k: d for k in heads} for d in (32, 8, 64, 4)] if heads else [{}]
+        first = None
+        for extra in tries:
+            try:
+                new = type(c)(**{**kwargs, **extra})
+            except Exception as e:  # noqa: BLE001
+                first = first or e
+                continue
+            changed.update({prefix + k: (over[k][0], v) for k, v in extra.items()})
+            return new
+        raise ShrinkError(f"{type(c).__name__}: the shrunk config does not construct: "
+                          f"{type(first).__name__}: {(str(first).splitlines() or [''])[0][:200]}") from None
 
     return shrink(cfg, ""), changed
 
@@ -249,8 +258,13 @@ def _inputs(task: str, cfg, model) -> tuple:
         return (torch.randn(1, ch, min(size, IMAGE) if size else IMAGE,
                             min(size, IMAGE) if size else IMAGE, generator=g),)
     ids = torch.randint(0, vocab, (1, TOKENS), generator=g)
-    if task == "seq2seq":
-        return (ids,), {"decoder_input_ids": torch.randint(0, vocab, (1, TOKENS // 2), generator=g)}
+    if task == "seq2seq" and "decoder_input_ids" in sig:
+        # positionally, as the signature orders them (the arguments between are None)
+        names = list(sig)
+        args = [None] * (names.index("decoder_input_ids") + 1)
+        args[names.index("input_ids") if "input_ids" in names else 0] = ids
+        args[-1] = torch.randint(0, vocab, (1, TOKENS // 2), generator=g)
+        return tuple(args)
     return (ids,)
 
 
