@@ -512,6 +512,46 @@ def test_a_boolean_padding_mask_keeps_the_causal_structure():
     assert t.counts.macs == j.counts.macs == T * (T + 1) // 2 * D
 
 
+def test_an_integer_padding_mask_used_only_as_a_mask_keeps_the_causal_structure():
+    # keras-hub's padding_mask is int32 and reaches attention as min(padding, causal) != 0:
+    # an integer used only as a mask is taken to hold 0 or 1 (stated), so the causal
+    # triangle is kept, and validation draws it as ones (a mask that keeps everything)
+    T, D = 8, 4
+
+    def jf(q, k, pad):
+        i = jnp.arange(T)
+        mask = jnp.minimum(pad[None, :], (i[:, None] >= i[None, :]).astype(jnp.int32))
+        s = jnp.where(mask.astype(bool), 0.5 * (q @ k.T), -0.7 * jnp.finfo(F32).max)
+        return jax.nn.softmax(s, axis=-1)
+    rep = solbound.analyze(jf, (S((T, D), F32), S((T, D), F32), S((T,), jnp.int32)),
+                           validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.counts.macs == T * (T + 1) // 2 * D
+    pad = rep.lowered.inputs[-1]["ir"]
+    notes = rep.to_dict()["assumptions"]
+    assert any(n.startswith(f"assumption: integer input {pad} is used only as a mask")
+               for n in notes)
+    # the padding itself is still data: what it masks is counted, and the notes say so
+    assert any(n.startswith(f"assumption: input {pad} is known only at run time and a mask")
+               for n in notes)
+
+    # used otherwise too (its values added to the scores), it could hold anything: dense
+    def jf2(q, k, pad):
+        s = jf(q, k, pad)
+        return s + pad[None, :]
+    rep = solbound.analyze(jf2, (S((T, D), F32), S((T, D), F32), S((T,), jnp.int32)))
+    assert rep.counts.macs == T * T * D
+    notes = rep.to_dict()["assumptions"]
+    assert not any("used only as a mask" in n for n in notes)
+    assert any(n.startswith(f"assumption: input {pad} is known only at run time and a mask")
+               for n in notes)
+    # made a boolean directly, nothing needs assuming: its values are only zero or not
+    rep = solbound.analyze(
+        lambda q, k, pad: jnp.where(pad[None, :] != 0, q @ k.T, -jnp.inf),
+        (S((T, D), F32), S((T, D), F32), S((T,), jnp.int32)))
+    assert not any("used only as a mask" in n for n in rep.to_dict()["assumptions"])
+
+
 def test_a_prefill_chunk_at_a_run_time_position():
     # four rows written into the cache at a position known only at run time, then read
     # back as a window (JAX clamps the start so that the window fits)

@@ -80,13 +80,13 @@ def _keras_hub():
     return pytest.importorskip("keras_hub")
 
 
-def _backbone_fn(model, tokens: int):
+def _backbone_fn(model, tokens: int, mask_dtype=jnp.bool_):
     def fn(trainable, non_trainable, ids, mask):
         return model.stateless_call(trainable, non_trainable,
                                     {"token_ids": ids, "padding_mask": mask})[0]
     args = ([v.value for v in model.trainable_variables],
             [v.value for v in model.non_trainable_variables],
-            S((1, tokens), jnp.int32), S((1, tokens), jnp.bool_))
+            S((1, tokens), jnp.int32), S((1, tokens), mask_dtype))
     return fn, args
 
 
@@ -161,6 +161,75 @@ def test_keras_hub_llama_rmsnorm_with_ops_power_counts_its_sum_of_squares():
     assert rep.counts.macs == want == 128_768
     norms = [k for k in rep.counts.kernels if k.macs and k.kind == "reduction"]
     assert sum(k.macs for k in norms) == 5 * T * 32
+
+
+_SMALL = dict(vocabulary_size=100, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+              hidden_dim=64, intermediate_dim=128)
+
+
+def _mask_assumed(rep) -> bool:
+    pad = rep.lowered.inputs[-1]["ir"]
+    return any(n.startswith(f"assumption: integer input {pad} is used only as a mask")
+               for n in rep.to_dict()["assumptions"])
+
+
+def test_keras_hub_llama_with_its_int32_padding_mask_counts_the_causal_triangle():
+    """keras-hub declares ``padding_mask`` int32: the mask is ``min(padding, causal)``
+    (merge_padding_and_attention_mask, compute_causal_mask), made a boolean for
+    ``ops.dot_product_attention`` (JAX's: ``where(mask, scores, -0.7 * finfo.max)``). An
+    integer used only as a mask is taken to hold 0 or 1 (stated), so where the causal mask
+    is 0 the minimum is 0."""
+    keras_hub = _keras_hub()
+    T = 16
+    m = keras_hub.models.LlamaBackbone(**_SMALL)
+    rep = solbound.analyze(*_backbone_fn(m, T, jnp.int32), validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    assert _mask_assumed(rep)
+    # per layer, head_dim 64 / 4 = 16: q and o 16*64*64 each, k and v 16*64*32 each
+    # (196,608); the gated FFN 3*16*64*128 = 393,216; scores and P.V over the 136 causal
+    # pairs, 4 heads of width 16, 2*4*16*136 = 17,408; two RMSNorms' sums of squares
+    # 2*16*64 = 2,048: 609,280 a layer; two layers and the final norm (1,024): 1,219,584
+    want = _decoder_macs(layers=2, tokens=T, hidden=64, heads=4, kv_heads=2, head_dim=16,
+                         ffn=128, pairs=lambda i: T * (T + 1) // 2)
+    assert rep.counts.macs == want == 1_219_584
+
+
+@pytest.mark.parametrize("window, pairs, macs", [
+    # sum over queries of min(q + 1, W): 1 + 2 + 3 + 13*4 = 58 pairs; attention 2*4*16*58
+    # = 7,424 a layer instead of the causal 17,408
+    (4, 58, 1_199_616),
+    # a window as long as the sequence is the causal triangle
+    (16, 136, 1_219_584)])
+def test_keras_hub_mistral_sliding_window_counts_the_band(window, pairs, macs):
+    """Mistral's window is ``min(causal, int(i < j + W))`` (mistral_transformer_decoder.py):
+    the key within W - 1 of the query, and causal."""
+    keras_hub = _keras_hub()
+    T = 16
+    assert sum(min(q + 1, window) for q in range(T)) == pairs
+    m = keras_hub.models.MistralBackbone(sliding_window=window, **_SMALL)
+    rep = solbound.analyze(*_backbone_fn(m, T, jnp.int32), validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    assert _mask_assumed(rep)
+    # as Llama (MistralLayerNormalization writes mean(ops.power(x, 2)) too)
+    want = _decoder_macs(layers=2, tokens=T, hidden=64, heads=4, kv_heads=2, head_dim=16,
+                         ffn=128, pairs=lambda i: pairs)
+    assert rep.counts.macs == want == macs
+
+
+def test_keras_hub_gemma_with_its_int32_padding_mask_is_causal():
+    keras_hub = _keras_hub()
+    T = 16
+    m = keras_hub.models.GemmaBackbone(vocabulary_size=1000, num_layers=2, num_query_heads=4,
+                                       num_key_value_heads=1, hidden_dim=256,
+                                       intermediate_dim=1024, head_dim=64)
+    rep = solbound.analyze(*_backbone_fn(m, T, jnp.int32), validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    assert _mask_assumed(rep)
+    assert rep.counts.macs == _decoder_macs(layers=2, tokens=T, hidden=256, heads=4,
+                                            kv_heads=1, head_dim=64, ffn=512,
+                                            pairs=lambda i: T * (T + 1) // 2)
 
 
 # --- the gemma library (Google DeepMind's gemma.gm.nn) --------------------------------------

@@ -294,6 +294,12 @@ def _apply_bit(op: str, args: list):
         return next(a for a in args if isinstance(a, Known))
     if op in ("and", "mul", "minimum", "maximum", "or") and all(a is BIT for a in args):
         return BIT
+    # the minimum of 0/1 and something at least 1 is the bit itself; so is the maximum of
+    # it and something at most 0 (``min(padding, causal)`` inside the triangle)
+    if op == "minimum" and any(isinstance(a, Known) and a.value >= 1 for a in args):
+        return BIT
+    if op == "maximum" and any(isinstance(a, Known) and a.value <= 0 for a in args):
+        return BIT
     return None
 
 

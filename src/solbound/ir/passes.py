@@ -3,7 +3,10 @@
 * :func:`flatten_bases` declares bases addressed as flat storage one-dimensional and
   linearizes every access to them (a reshape no loop split makes affine);
 * :func:`prune_dead` drops kernels whose outputs nothing reads (dead code after a
-  decomposition), keeping kernels that update DRAM state in place.
+  decomposition), keeping kernels that update DRAM state in place;
+* :func:`mask_inputs` finds the integer inputs used only as masks (taken to hold 0 or 1);
+* :func:`refine` runs the fold, known-value and demand passes; :func:`runtime_mask_notes`
+  names the inputs a mask is computed from whose values only the run knows.
 
 Every frontend runs them on the program it builds.
 """
@@ -11,7 +14,8 @@ Every frontend runs them on the program it builds.
 from __future__ import annotations
 
 from .affine import Aff
-from .model import EXTERNAL_ROLES, Access, Call, Program, TensorDecl, kernel_reads, loop_segments
+from .model import (EXTERNAL_ROLES, Access, Call, Const, Program, TensorDecl, kernel_reads,
+                    loop_segments)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -108,6 +112,13 @@ def _value_reads(e) -> list[Access]:
     return []
 
 
+def _only_constants_besides(e) -> bool:
+    """Every leaf of ``e`` is an access or a constant (no index value, no draw)."""
+    if isinstance(e, Call):
+        return e.op != "rand" and all(_only_constants_besides(a) for a in e.args)
+    return isinstance(e, (Access, Const))
+
+
 def runtime_mask_notes(p: Program, seeded=frozenset(), noted: tuple[str, ...] = ()) -> list[str]:
     """Notes naming the inputs (and buffers) that may mask work but whose values only the
     run knows: what they may mask is counted, and the note says so. ``seeded``: tensors
@@ -133,8 +144,12 @@ def runtime_mask_notes(p: Program, seeded=frozenset(), noted: tuple[str, ...] = 
                          f"may mask is counted dense (a mask built from indices in the "
                          f"program, a causal flag, or a constant would be skipped)")
     products = {k.out for k in p.kernels if k.unit}
-    for k in p.kernels:         # copies of a product's result carry it (views made real)
-        if isinstance(k.body, Access) and k.body.tensor in products and not k.reduce:
+    for k in p.kernels:
+        # copies of a product's result carry it (views made real), and so do its scalings
+        # by constants (``scores * scale`` before the mask, a cast)
+        reads = {a.tensor for a in _value_reads(k.body)}
+        if not k.reduce and not k.scatter and len(reads) == 1 and reads <= products \
+                and _only_constants_besides(k.body):
             products.add(k.out)
     writers: dict[str, list] = {}
     with_products: set[str] = set()
@@ -164,20 +179,116 @@ def runtime_mask_notes(p: Program, seeded=frozenset(), noted: tuple[str, ...] = 
     return notes
 
 
-def refine(p: Program, constants: dict | None = None) -> tuple[Program, set[str], list[str]]:
+INT_DTYPES = ("i64", "i32", "u32", "i16", "i8", "u8")
+# integer ops under which a 0/1 value combines with another mask (``min(padding, causal)``)
+_MASK_COMBINE = ("minimum", "maximum", "mul", "and", "or")
+_COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
+_BAD = "bad"
+
+
+def _mask_use(e, chain: set[str], combined: list) -> str | None:
+    """How ``e`` uses the tensors of ``chain`` (an integer input and what is computed from
+    it): ``None`` not at all; ``"bool"`` only through a boolean made of it (a conversion to
+    bool, a comparison with a constant); ``"int"`` as an integer combined with other masks
+    (minimum, maximum, product, bitwise and/or, integer conversions, a select's branch);
+    ``"bad"`` any other way (arithmetic, a float conversion, an index). ``combined`` gets
+    True when an integer of ``chain`` is combined with something else."""
+    if isinstance(e, Access):
+        if any(isinstance(i, Access) and _mask_use(i, chain, combined) for i in e.index):
+            return _BAD         # an index: its values are positions, not a mask
+        return "int" if e.tensor in chain else None
+    if not isinstance(e, Call):
+        return None
+    uses = [_mask_use(a, chain, combined) for a in e.args]
+    if _BAD in uses:
+        return _BAD
+    live = [u == "int" for u in uses]
+    if not any(live):
+        return None             # booleans made of the chain are booleans: any use is fine
+    op = e.op
+    if op == "to_bool" or (op in _COMPARE and all(
+            isinstance(a, Const) for a, u in zip(e.args, live) if not u)):
+        return "bool"
+    if op in _MASK_COMBINE:
+        if not all(live):
+            combined.append(True)
+        return "int"
+    if op.startswith("to_") and op[3:] in INT_DTYPES:
+        return "int"
+    if op == "select" and not live[0]:
+        if not all(live[1:]):
+            combined.append(True)
+        return "int"
+    return _BAD
+
+
+def mask_inputs(p: Program) -> list[str]:
+    """Integer inputs the program uses only as masks: every use of their values is a
+    minimum, maximum, product or bitwise and/or with another mask (or an integer
+    conversion) that ends in a boolean (a conversion to bool, a comparison with a
+    constant), and at least one use combines them with another mask. keras-hub's
+    ``padding_mask`` (int32) is one: ``min(int(padding), causal) != 0``. Such an input is
+    taken to hold 0 or 1 (what a mask holds: then ``min(padding, 0)`` is 0, so the causal
+    triangle is kept whatever the padding); a negative value would keep pairs it then
+    counts as masked, so each one is stated as an assumption."""
+    from .model import accesses
+    tmap = p.tensor_map
+    readers: dict[str, list] = {}
+    for k in p.kernels:
+        for t in {a.tensor for a in kernel_reads(k)}:
+            readers.setdefault(t, []).append(k)
+        for i in k.out_index:
+            if isinstance(i, Access):       # a scatter's position: not a mask
+                for a in accesses(i):
+                    readers.setdefault(a.tensor, []).append(None)
+    found = []
+    for t in p.by_role("input"):
+        if t.dtype not in INT_DTYPES:
+            continue
+        chain, todo, combined, ok = {t.name}, [t.name], [], True
+        while todo and ok:
+            s = todo.pop()
+            if tmap[s].role == "output":
+                ok = False
+                break
+            for k in readers.get(s, ()):
+                if k is None or k.reduce or k.scan or k.scatter or k.lib or k.out2:
+                    ok = False
+                    break
+                use = _mask_use(k.body, chain, combined)
+                if use == _BAD or (use == "int" and tmap[k.out].dtype not in INT_DTYPES):
+                    ok = False
+                    break
+                if use == "int" and k.out not in chain:
+                    chain.add(k.out)
+                    todo.append(k.out)
+        if ok and combined:
+            found.append(t.name)
+    return found
+
+
+def refine(p: Program, constants: dict | None = None,
+           masks: list[str] | None = None) -> tuple[Program, set[str], list[str]]:
     """The known-value and demand passes a frontend runs on the program it built: masks
     known before the run (data-free tensors and what is computed from ``constants``, the
     values of the program's constant tensors, folded) become guards, producers compute only
-    what their readers read. Returns (program, tensors computed only where read, data-free
-    masks no fact describes: counted dense)."""
+    what their readers read; ``masks``: the integer inputs taken to hold 0 or 1
+    (``mask_inputs``, found here when not given). Returns (program, tensors computed only
+    where read, data-free masks no fact describes: counted dense)."""
     from .demand import restrict_to_demand
     from .fold import fold_report
     from .known import propagate_known
     folded, dense = fold_report(p, constants=constants)
     shapes = {t.name: t.shape for t in p.tensors}
-    bools = frozenset(t.name for t in p.tensors if t.dtype == "bool")
+    masks = mask_inputs(p) if masks is None else masks
+    bools = frozenset(t.name for t in p.tensors if t.dtype == "bool") | frozenset(masks)
     kernels = propagate_known(list(p.kernels), shapes, {}, folded, bools=bools)
-    p = prune_dead(Program(p.tensors, tuple(kernels), p.notes))
+    notes = p.notes + tuple(
+        f"assumption: integer input {t} is used only as a mask (combined with another mask "
+        f"by minimum, maximum or product, then made a boolean): taken to hold 0 or 1, so "
+        f"what the other mask masks stays masked (a negative value would keep it)"
+        for t in masks)
+    p = prune_dead(Program(p.tensors, tuple(kernels), notes))
     whole = list(p.kernels)
     kernels = restrict_to_demand(whole, {t.name for t in p.by_role("intermediate")})
     partial = {k.out for k, w in zip(kernels, whole) if k.guard != w.guard}

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...ir.affine import Aff
 from ...ir.model import Access, Const, Expr, Kernel, Program, TensorDecl
-from ...ir.passes import (contiguous_strides, flatten_bases, prune_dead, refine,
+from ...ir.passes import (contiguous_strides, flatten_bases, mask_inputs, prune_dead, refine,
                           runtime_mask_notes)
 from ...ir.text import RESERVED, fresh_name
 from ..contract import FrontendError, LoweredProgram, Unsupported
@@ -300,8 +300,9 @@ class JaxLowering:
                 outputs.append({"kind": "output", "ir": None, "value": v, "target": None})
         program = Program(tuple(self.tensors.values()), tuple(self.kernels), tuple(self.notes))
         program = prune_dead(flatten_bases(program, self.flat))
+        masks = mask_inputs(program)
         program, partial, dense = refine(program, {st["ir"]: st["value"] for st in self.state
-                                                   if st["role"] == "constant"})
+                                                   if st["role"] == "constant"}, masks)
         program = Program(program.tensors, program.kernels, program.notes + tuple(
             runtime_mask_notes(program, noted=program.notes)))
         for t in dense:
@@ -311,6 +312,7 @@ class JaxLowering:
         low = LoweredProgram(program, self.unsupported, outputs, inputs, self.state,
                              self.groups, rules_used=self.rules_used, partial=partial)
         low.branch_assumed = self.branch_assumed
+        low.mask_inputs = masks             # validation draws them as masks that keep all
         low.random_draws = {t: v for t, v in self.random_draws.items() if t in program.tensor_map}
         low.draws_unreplayable = self.draws_unreplayable
         low.loop_carries = {i: {**c, "carries": [t if t in program.tensor_map else None

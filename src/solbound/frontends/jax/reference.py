@@ -11,13 +11,18 @@ import time
 import numpy as np
 
 
-def real_args(args, seed: int = 0):
-    """Concrete values for ``args``: arrays kept, ``ShapeDtypeStruct`` leaves drawn."""
+def real_args(args, seed: int = 0, ones: frozenset[int] = frozenset()):
+    """Concrete values for ``args``: arrays kept, ``ShapeDtypeStruct`` leaves drawn (the
+    leaves numbered in ``ones``, integer inputs used as masks, hold ones: a mask that keeps
+    everything, as a boolean leaf does)."""
     import jax
     import jax.numpy as jnp
     rng = np.random.default_rng(seed)
+    count = iter(range(1 << 62))
 
     def draw(x):
+        if next(count) in ones and isinstance(x, jax.ShapeDtypeStruct):
+            return jnp.ones(x.shape, x.dtype)
         if not isinstance(x, jax.ShapeDtypeStruct):
             return x
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -296,7 +301,9 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
         return {"status": "skipped", "seconds": 0.0,
                 "reason": f"a random draw inside a loop or a branch "
                           f"({lowered.draws_unreplayable}) cannot be replayed: not comparable"}
-    values = real_args(args, seed)
+    masks = set(getattr(lowered, "mask_inputs", ()))
+    values = real_args(args, seed, frozenset(i for i, spec in enumerate(lowered.inputs)
+                                             if spec.get("ir") in masks))
     leaves = jax.tree_util.tree_leaves(values)
     feeds = {spec["ir"]: np.asarray(_plain(v), dtype=np.float64
                                     if _plain(v).dtype.kind == "V" else None)
