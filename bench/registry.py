@@ -51,7 +51,7 @@ def one(task: str, model_type: str, validate: bool = True) -> dict:
             with torch.no_grad():
                 b.model(*b.inputs)
         except Exception as e2:  # noqa: BLE001
-            rec.update(stage="eager", error=f"the default call fails in eager PyTorch too: "
+            rec.update(stage="eager", error=f"the shrunk model's default call fails in eager PyTorch too: "
                                             f"{oneline(e2)}")
         return rec
     rec.update(macs=rep.counts.macs, flops=sum(rep.counts.flops.values()),

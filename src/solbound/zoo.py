@@ -137,9 +137,9 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     vocab = min((out.get(k, (None, v))[1] for k, v in ints.items() if _VOCAB.fullmatch(k)),
                 default=None)
     if vocab:
-        for k, v in ints.items():
-            if _TOKEN_ID.fullmatch(k) and v >= vocab:
-                put(k, vocab - 1 - (hash(k) % 8))
+        big = sorted(k for k, v in ints.items() if _TOKEN_ID.fullmatch(k) and v >= vocab)
+        for i, k in enumerate(big):      # distinct ids at the top of the vocabulary
+            put(k, vocab - 1 - i)
     # per-layer lists follow the layer count; a list of layer kinds (layer_types,
     # layers_block_type: sliding and full attention, linear attention, Mamba, hybrid
     # blocks) keeps one layer of each kind, in the order they first appear
@@ -160,6 +160,11 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
         if kinds_n != n:
             for k in layer_keys:
                 out[k] = (out[k][0], kinds_n)
+        # settings per layer index ({25: {...}, 26: {...}}): those of the layers kept
+        for k, v in values.items():
+            if isinstance(v, dict) and v and all(str(x).isdigit() for x in v) \
+                    and any(int(x) >= kinds_n for x in v):
+                put(k, {x: y for x, y in v.items() if int(x) < kinds_n})
     # a layer pattern given by period and offset (Jamba's attention every 8th layer from
     # the 4th) repeats within the shrunk layers
     for k, v in ints.items():

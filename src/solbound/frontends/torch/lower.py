@@ -454,6 +454,7 @@ class Lowering:
             kinds[spec.arg.name] = (role, spec.target or spec.arg.name)
         inputs, state = [], []
         graph = ep.graph_module.graph
+        checks = _assertion_only(graph)
         for node in graph.nodes:
             if node.op == "placeholder":
                 val = node.meta.get("val")
@@ -478,6 +479,9 @@ class Lowering:
                 else:
                     state.append({"target": target, "ir": v.base, "role": role})
             elif node.op == "call_function":
+                if node in checks:
+                    self.env[node] = None     # feeds a run-time assertion only
+                    continue
                 self.lower_node(node)
             elif node.op == "output":
                 outputs = self.finish_outputs(node, sig)
@@ -789,6 +793,30 @@ class Lowering:
                                       list(target.index), body).with_(op=w.op, opname=w.opname,
                                                                       src=w.src))
         return out
+
+
+_ASSERTIONS = ("aten._assert_scalar", "aten._assert_async", "aten.sym_constrain_range",
+               "aten.sym_constrain_range_for_size")
+
+
+def _assertion_only(graph) -> set:
+    """Scalar nodes that only feed run-time assertions (XLM's ``assert lengths.max() <=
+    slen``: ``.item()``, a comparison, ``_assert_scalar``): they check the run and compute
+    nothing it returns, so they are not lowered (what they read, if nothing else reads
+    it, is dead code)."""
+    checks: set = set()
+    for node in reversed(list(graph.nodes)):
+        if node.op != "call_function" or not node.users:
+            continue
+        if str(node.target).startswith(_ASSERTIONS):
+            continue
+        val = node.meta.get("val")
+        scalar = not isinstance(val, torch.Tensor) or str(node.target).startswith(
+            "aten._local_scalar_dense")
+        if scalar and all(u in checks or str(u.target).startswith(_ASSERTIONS)
+                          for u in node.users):
+            checks.add(node)
+    return checks
 
 
 def output_paths(ep) -> list[str]:
