@@ -59,7 +59,7 @@ _EXPERTS = re.compile(r"(num_experts|num_local_experts|n_routed_experts|moe_num_
                       r"num_routed_experts|n_experts)")
 _TOPK = re.compile(r"(num_experts_per_tok|num_experts_per_token|top_k|moe_topk|"
                    r"n_activated_experts|experts_per_token|moe_k)")
-_GROUPS = re.compile(r"(n_group|topk_group|num_expert_group)")
+_GROUPS = re.compile(r"(n_group|topk_group|num_expert_group|n_groups|mamba_n_groups|ssm_n_groups)")
 _VOCAB = re.compile(r".*vocab_size")
 _TOKEN_ID = re.compile(r".*_token_id")
 _POSITIONS = re.compile(r"(max_position_embeddings|n_positions|max_seq_len|seq_length|"
