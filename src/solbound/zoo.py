@@ -140,6 +140,11 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
         big = sorted(k for k, v in ints.items() if _TOKEN_ID.fullmatch(k) and v >= vocab)
         for i, k in enumerate(big):      # distinct ids at the top of the vocabulary
             put(k, vocab - 1 - i)
+    # images: a few patches (2 x 2 where the model patchifies), at most IMAGE pixels wide
+    if type(values.get("image_size")) is int and values["image_size"] > 0:
+        patch = values.get("patch_size")
+        put("image_size", 2 * patch if type(patch) is int and 0 < patch <= values["image_size"] // 2
+            else min(values["image_size"], IMAGE))
     # per-layer lists follow the layer count; a list of layer kinds (layer_types,
     # layers_block_type: sliding and full attention, linear attention, Mamba, hybrid
     # blocks) keeps one layer of each kind, in the order they first appear
@@ -260,8 +265,8 @@ def _inputs(task: str, cfg, model) -> tuple:
         size = getattr(vis, "image_size", IMAGE)
         size = size[0] if isinstance(size, (list, tuple)) else size
         ch = getattr(vis, "num_channels", 3)
-        return (torch.randn(1, ch, min(size, IMAGE) if size else IMAGE,
-                            min(size, IMAGE) if size else IMAGE, generator=g),)
+        size = size or IMAGE
+        return (torch.randn(1, ch, size, size, generator=g),)
     ids = torch.randint(0, vocab, (1, TOKENS), generator=g)
     if task == "seq2seq" and "decoder_input_ids" in sig:
         # positionally, as the signature orders them (the arguments between are None)
