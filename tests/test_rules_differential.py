@@ -30,6 +30,7 @@ UNARY = {
     "reciprocal": lambda x: torch.reciprocal(pos(x)), "sin": torch.sin, "cos": torch.cos,
     "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf,
     "erfinv": lambda x: torch.erfinv(torch.tanh(x) * 0.9), "atan": torch.atan,
+    "acos": lambda x: torch.acos(torch.tanh(x) * 0.99), "asin": lambda x: torch.asin(torch.tanh(x) * 0.99),
     "floor": lambda x: torch.floor(x * 3), "ceil": lambda x: torch.ceil(x * 3),
     "round": lambda x: torch.round(x * 3), "trunc": lambda x: torch.trunc(x * 3),
     "sign": torch.sign, "relu": F.relu, "gelu": F.gelu,

@@ -109,7 +109,7 @@ OPS: dict[str, Callable] = {
     "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "log1p": np.log1p,
     "expm1": np.expm1, "tanh": np.tanh, "erf": _erf, "sqrt": np.sqrt,
     "rsqrt": lambda a: 1.0 / np.sqrt(a), "recip": lambda a: _div(1.0, a), "sigmoid": _sigmoid,
-    "sin": np.sin, "cos": np.cos, "pow": np.power, "atan": np.arctan, "erfinv": _erfinv,
+    "sin": np.sin, "cos": np.cos, "pow": np.power, "atan": np.arctan, "acos": np.arccos, "asin": np.arcsin, "erfinv": _erfinv,
     "complex": lambda re, im: np.asarray(re) + 1j * np.asarray(im), "real": np.real,
     "imag": np.imag,
     "shr": lambda a, b: np.right_shift(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)),

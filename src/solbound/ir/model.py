@@ -97,7 +97,7 @@ SCALAR_OPS: dict[str, tuple[int, str | None]] = {
     "erf": (1, SPECIAL), "sqrt": (1, SPECIAL), "rsqrt": (1, SPECIAL),
     "recip": (1, SPECIAL), "sigmoid": (1, SPECIAL), "sin": (1, SPECIAL),
     "cos": (1, SPECIAL), "pow": (2, SPECIAL), "atan": (1, SPECIAL),
-    "erfinv": (1, SPECIAL),
+    "erfinv": (1, SPECIAL), "acos": (1, SPECIAL), "asin": (1, SPECIAL),
     # complex numbers from and to their parts (data movement, no arithmetic)
     "complex": (2, None), "real": (1, None), "imag": (1, None),
     # the operands of a library routine (``Kernel.lib``): any number, no arithmetic

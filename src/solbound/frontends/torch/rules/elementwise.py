@@ -140,6 +140,7 @@ for _name, _op in (("exp", "exp"), ("exp2", "exp2"), ("log", "log"), ("log2", "l
                    ("cos", "cos"), ("abs", "abs"), ("neg", "neg"), ("floor", "floor"),
                    ("ceil", "ceil"), ("round", "round"), ("trunc", "trunc"), ("sign", "sign"),
                    ("reciprocal", "recip"), ("atan", "atan"), ("erfinv", "erfinv"),
+                   ("acos", "acos"), ("asin", "asin"),
                    ("isnan", "isnan")):
     _ew(f"aten.{_name}", arity=1)(lambda ctx, a, _op=_op: f(_op, a))
 
