@@ -227,6 +227,40 @@ def test_gather_dynamic_slices_and_sort():
     assert sorts == [10 * 4 * 2, 4 * 10 * 4]                        # n ceil(log2 n) per row
 
 
+def test_tile_top_k_and_ffts_validate_and_count():
+    # tile (a primitive since JAX 0.10): one copy, out[r * n + v] = x[v]; the product
+    # after it is one multiply per element of the 4 x 3 x 15 result
+    rep = solbound.analyze(lambda x: jnp.tile(x, (2, 1, 3)) * 2.0, (S((2, 3, 5), F32),),
+                           validate=True)
+    assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+    assert rep.counts.flops["vector"] == 4 * 3 * 15
+    assert rep.counts.fused.bytes == 4 * (2 * 3 * 5 + 4 * 3 * 15)      # x in, the product out
+
+    # top_k: k arg-max passes over a row of n, pass i also testing the i indices taken
+    # (eq, or, select): 4 rows x 7, k = 3; ties go to the lower index, as in JAX
+    x = jnp.array([[1., 3., 3., 0., 3., 2., 1.], [5., 5., 1., 5., 0., 0., 2.],
+                   [0., 1., 2., 3., 4., 5., 6.], [6., 6., 6., 6., 6., 6., 6.]])
+    rep = solbound.analyze(lambda x: jax.lax.top_k(x, 3), (x,), validate=True)
+    assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+    n = 4 * 7
+    assert rep.counts.flops["vector"] == 3 * n + (n + n) + (2 * n + n + n)
+    rep = solbound.analyze(lambda x: jax.lax.top_k(x, 2), (S((3, 5, 6), F32),), validate=True)
+    assert rep.validation["status"] == "passed"
+
+    # complex numbers and the FFT library routine (5 N log2 N per complex transform, half
+    # for a real input or output), each transform type and JAX's 1/n on the inverses
+    def f(x):
+        y = jnp.fft.fft2(jax.lax.complex(x, 2 * x))
+        r = jnp.fft.rfft(x, axis=-1)
+        return jnp.real(y), jnp.imag(jnp.fft.ifft(y, axis=-1)), jnp.abs(r), \
+            jnp.fft.irfft(r, n=8, axis=-1)
+    rep = solbound.analyze(f, (S((3, 4, 8), F32),), validate=True)
+    assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+    ffts = [k.flops["vector"] for k in rep.counts.kernels if k.kind == "library"]
+    N = 3 * 4 * 8
+    assert sorted(ffts) == sorted([5 * N * (2 + 3), 5 * N * 3, 5 * N * 3 // 2, 5 * N * 3 // 2])
+
+
 def test_flax_transformer_block_counts_in_closed_form():
     linen = pytest.importorskip("flax.linen")
 

@@ -7,6 +7,8 @@ contraction; reductions, arg-reductions and cumulative ops map to the IR's kinds
 
 from __future__ import annotations
 
+import math
+
 from ...ir.affine import Aff, Atom
 from ...ir.model import Access, Call, Const, Idx, Kernel
 from ...ir.passes import contiguous_strides
@@ -44,12 +46,12 @@ def _elementwise(ctx: Ctx, body_fn) -> None:
 BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "maximum",
           "min": "minimum", "pow": "pow", "rem": "mod", "eq": "eq", "ne": "ne", "lt": "lt",
           "le": "le", "gt": "gt", "ge": "ge", "and": "and", "or": "or", "xor": "xor",
-          "atan2": None}
+          "atan2": None, "complex": "complex"}
 UNARY = {"neg": "neg", "exp": "exp", "exp2": "exp2", "log": "log", "log1p": "log1p",
          "expm1": "expm1", "tanh": "tanh", "logistic": "sigmoid", "sqrt": "sqrt",
          "rsqrt": "rsqrt", "abs": "abs", "sign": "sign", "floor": "floor", "ceil": "ceil",
          "round": "round", "sin": "sin", "cos": "cos", "erf": "erf", "erf_inv": "erfinv",
-         "not": "not", "is_finite": None}
+         "not": "not", "is_finite": None, "real": "real", "imag": "imag"}
 
 
 def _binary(op: str):
@@ -314,6 +316,29 @@ def stack(ctx: Ctx) -> None:
     ctx.bind(out)
 
 
+@rule("tile")
+def tile(ctx: Ctx) -> None:
+    """``jnp.tile`` (a primitive since JAX 0.10; ``reps`` one per operand dimension): one
+    copy whose tiled dimensions are a repetition digit and the operand's index,
+    ``out[r * n + v] = x[v]``."""
+    x = ctx.args[0]
+    out = ctx.output()
+    shape = ctx.eqn.invars[0].aval.shape
+    dims, oi, xi = [], [], []
+    for d, (n, r) in enumerate(zip(shape, ctx.params["reps"])):
+        v = Aff.var(f"d{d}")
+        dims.append((f"d{d}", int(n)))
+        if int(r) > 1:
+            dims.append((f"t{d}", int(r)))
+            oi.append(Aff.var(f"t{d}") * int(n) + v)
+        else:
+            oi.append(v)
+        xi.append(v)
+    body = ctx.load(x, xi) if isinstance(x, JView) else Const(x)
+    ctx.emit(out, dims, oi, body)
+    ctx.bind(out)
+
+
 @rule("pad")
 def pad(ctx: Ctx) -> None:
     x, value = _as_view(ctx, ctx.args[0]), ctx.args[1]
@@ -417,6 +442,35 @@ def _argreduce(op: str):
 
 rule("argmax")(_argreduce("argmax"))
 rule("argmin")(_argreduce("argmin"))
+
+
+@rule("top_k")
+def top_k(ctx: Ctx) -> None:
+    """``lax.top_k(x, k)`` along ``axis`` (the last by default): ``k`` selection passes,
+    pass ``i`` an arg-max over the elements the earlier passes did not pick, writing
+    position ``i`` of the indices and of the values (largest first, ties to the lower
+    index), as PyTorch's ``topk`` rule does: the selection algorithm for a router's small
+    k, k*n comparisons (a row holding -inf among its top k can repeat an index)."""
+    x = _as_view(ctx, ctx.args[0])
+    k = int(ctx.params["k"])
+    axis = int(ctx.params.get("axis", x.ndim - 1)) % x.ndim
+    vals, idxs = ctx.output(0), ctx.output(1)
+    dims = [(f"d{i}", n) if i != axis else ("r0", n) for i, n in enumerate(x.shape)]
+    xi = _vars(dims)
+    for i in range(k):
+        body = ctx.load(x, xi)
+        taken = None
+        for p in range(i):
+            pi = list(xi)
+            pi[axis] = Aff.lit(p)
+            c = Call("eq", (ctx.load(idxs, pi), Idx(Aff.var("r0"))))
+            taken = c if taken is None else Call("or", (taken, c))
+        if taken is not None:
+            body = Call("select", (taken, Const(-math.inf), body))
+        oi = list(xi)
+        oi[axis] = Aff.lit(i)
+        ctx.emit(idxs, dims, oi, body, reduce="argmax", out2=vals.base)
+    ctx.bind(vals, idxs)
 
 
 def _cumulative(op: str):
@@ -705,6 +759,35 @@ def dynamic_update_slice(ctx: Ctx) -> None:
     off = sum(s * st for s, st in zip(starts, out.strides))
     region = JView(out.base, upd.shape, out.strides, off, out.dtype)
     ctx.low._copy_into(upd, region)
+    ctx.bind(out)
+
+
+# lax.FftType: the library routine's kind, direction and normalization (JAX's inverse
+# transforms divide by n, ``norm`` 2 as the routine's PyTorch convention numbers it)
+_FFT = {"FFT": ("c2c", True, 0), "IFFT": ("c2c", False, 2), "RFFT": ("r2c", True, 0),
+        "IRFFT": ("c2r", False, 2)}
+
+
+@rule("fft")
+def fft(ctx: Ctx) -> None:
+    """``lax.fft`` over the trailing ``len(fft_lengths)`` dimensions: the library FFT
+    (``5 N log2 N`` FLOPs per complex transform, half for a real input or output)."""
+    x = _as_view(ctx, ctx.args[0])
+    if not x.is_full(ctx.low.tensors[x.base].shape):
+        x = ctx.low._copy(x, "fft_src")
+    lengths = [int(n) for n in ctx.params["fft_lengths"]]
+    kind, forward, norm = _FFT[getattr(ctx.params["fft_type"], "name", "")]
+    params = {"kind": kind, "dims": tuple(range(x.ndim - len(lengths), x.ndim)),
+              "norm": norm, "forward": forward}
+    if kind == "r2c":
+        params["onesided"] = True
+    if kind == "c2r":
+        params["last_size"] = lengths[-1]
+    out = ctx.output()
+    dims = _dims(out.shape)
+    ops_dims = [(f"a0_{i}", n) for i, n in enumerate(x.shape)]
+    ctx.emit_library(out, dims + ops_dims, _vars(dims), ctx.load(x, _vars(ops_dims)),
+                     ("fft", tuple(params.items())))
     ctx.bind(out)
 
 
