@@ -261,6 +261,33 @@ def test_tile_top_k_and_ffts_validate_and_count():
     assert sorted(ffts) == sorted([5 * N * (2 + 3), 5 * N * 3, 5 * N * 3 // 2, 5 * N * 3 // 2])
 
 
+def test_transposed_convolutions_multiply_only_input_elements():
+    # conv_transpose is conv_general_dilated with an input dilation D (the stride): the
+    # zeros between input elements are not work. Stride 2, explicit padding on the dilated
+    # input: rows n=5 dilated to 9, padded (1, 1), kernel 3: 9 outputs; a (output y, tap k)
+    # pair reads dilated position m = y + k - 1, work when m is even: m = 0 and m = 8 keep
+    # 2 taps, m = 2, 4, 6 keep 3: 13 pairs. Columns n=6 dilated to 11, padded (2, 0): 11
+    # outputs, m = y + k - 2: m = 0 keeps 3 taps, 2..8 keep 3, m = 10 keeps 1: 16 pairs.
+    # 13 * 16 pairs times 3 in x 4 out channels
+    def f(x, w):
+        return jax.lax.conv_transpose(x, w, (2, 2), ((1, 1), (2, 0)),
+                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    rep = solbound.analyze(f, (S((1, 5, 6, 3), F32), S((3, 3, 3, 4), F32)), validate=True)
+    assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+    assert rep.counts.macs == 13 * 16 * 3 * 4
+    # VALID: every input element meets every tap (30 elements x 9 taps x 12)
+    rep = solbound.analyze(lambda x, w: jax.lax.conv_transpose(
+        x, w, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        (S((1, 5, 6, 3), F32), S((3, 3, 3, 4), F32)), validate=True)
+    assert rep.validation["status"] == "passed" and rep.counts.macs == 30 * 9 * 12
+    # strides 3 and 2 with SAME, kernels 2 and 4 (classes with no tap are zeros), NCHW
+    for strides, k in (((3, 2), 2), ((2, 2), 4)):
+        rep = solbound.analyze(lambda x, w: jax.lax.conv_transpose(
+            x, w, strides, "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW")),
+            (S((2, 3, 5, 6), F32), S((4, 3, k, k), F32)), validate=True)
+        assert rep.lowered.unsupported == [] and rep.validation["status"] == "passed"
+
+
 def test_flax_transformer_block_counts_in_closed_form():
     linen = pytest.importorskip("flax.linen")
 

@@ -506,13 +506,22 @@ def _window_index(out_v: Aff, k_v: Aff, stride: int, dil: int, lo: int):
 def conv_general_dilated(ctx: Ctx) -> None:
     """A grouped, strided, dilated convolution in any layout: ``out[n, g*Co/G + o, y...] =
     sum over c, k... of lhs[n, g*Ci/G + c, y*s + k*d - lo...] * rhs[g*Co/G + o, c, k...]``,
-    the taps that land on padding guarded away (not work)."""
+    the taps that land on padding guarded away (not work).
+
+    An input dilation ``D`` (``lhs_dilation``: a transposed convolution, ``conv_transpose``)
+    reads the input at dilated position ``m = y*s + k*d - lo`` only where ``D`` divides
+    it. Outputs and taps split into residue classes ``y = D*yq + yr``, ``k = D*kq + kr``:
+    in class ``yr`` only the taps ``kr`` with ``yr*s + kr*d - lo = 0 (mod D)`` land on an
+    input element (one ``kr`` when ``d`` and ``D`` are coprime), ``x[s*yq + d*kq + c]``
+    with ``c = (yr*s + kr*d - lo) / D``: one kernel per class (per combination of the
+    spatial dimensions' classes), each writing its own outputs, the zeros between the
+    input elements never multiplied."""
     lhs, rhs = _as_view(ctx, ctx.args[0]), _as_view(ctx, ctx.args[1])
     p = ctx.params
     dn = p["dimension_numbers"]
     ls, rs, os_ = dn.lhs_spec, dn.rhs_spec, dn.out_spec
-    if any(d != 1 for d in p["lhs_dilation"]) or p["batch_group_count"] != 1:
-        raise JaxLoweringError("conv_general_dilated with lhs dilation or batch groups")
+    if p["batch_group_count"] != 1:
+        raise JaxLoweringError("conv_general_dilated with batch groups")
     G = p["feature_group_count"]
     out = ctx.output()
     nsp = len(ls) - 2
@@ -521,30 +530,52 @@ def conv_general_dilated(ctx: Ctx) -> None:
     ci_g = rhs.shape[rs[1]]
     sp_out = [out.shape[os_[2 + i]] for i in range(nsp)]
     ksz = [rhs.shape[rs[2 + i]] for i in range(nsp)]
-    dims = [("d0", n), ("g", G), ("o", co // G)] + [(f"y{i}", s) for i, s in enumerate(sp_out)] \
-        + [("c", ci_g)] + [(f"k{i}", s) for i, s in enumerate(ksz)]
-    V = Aff.var
-    li, ri, oi = [None] * lhs.ndim, [None] * rhs.ndim, [None] * out.ndim
-    oi[os_[0]], li[ls[0]] = V("d0"), V("d0")
-    oi[os_[1]] = V("g") * (co // G) + V("o")
-    ri[rs[0]] = V("g") * (co // G) + V("o")
-    li[ls[1]] = V("g") * ci_g + V("c")
-    ri[rs[1]] = V("c")
-    guard = []
+    D = [int(x) for x in (p["lhs_dilation"] or [1] * nsp)]
+    S, R = p["window_strides"], p["rhs_dilation"]
+    if any(Di > 1 and math.gcd(R[i], Di) != 1 for i, Di in enumerate(D)):
+        raise JaxLoweringError("an input dilation sharing a factor with the kernel dilation")
+    # per spatial dimension, its classes: (yr, kr or None when no tap lands, c)
+    classes = []
     for i in range(nsp):
-        s, d = p["window_strides"][i], p["rhs_dilation"][i]
-        lo = p["padding"][i][0]
-        e = _window_index(V(f"y{i}"), V(f"k{i}"), s, d, lo)
-        li[ls[2 + i]] = e
-        ri[rs[2 + i]] = V(f"k{i}")
-        oi[os_[2 + i]] = V(f"y{i}")
-        size = lhs.shape[ls[2 + i]]
-        lo_b, hi_b = e.bounds({**{f"y{i}": sp_out[i], f"k{i}": ksz[i]}})
-        if lo_b < 0 or hi_b >= size:
-            guard.append(Atom(e, 0, size))
-    body = Call("mul", (ctx.load(lhs, li), ctx.load(rhs, ri)))
-    ctx.emit(out, dims, oi, body, reduce="sum", unit="" if _exact(ctx) else "conv",
-             guard=tuple(guard))
+        Di, s, d, lo = D[i], S[i], R[i], p["padding"][i][0]
+        cl = []
+        for yr in range(min(Di, sp_out[i])):
+            kr = next((k for k in range(Di) if (yr * s + k * d - lo) % Di == 0), None)
+            if kr is not None and kr >= ksz[i]:
+                kr = None
+            cl.append((yr, kr, None if kr is None else (yr * s + kr * d - lo) // Di))
+        classes.append(cl)
+    V = Aff.var
+    import itertools
+    for combo in itertools.product(*classes):
+        ydims = [(f"y{i}", -(-(sp_out[i] - yr) // D[i])) for i, (yr, _, _) in enumerate(combo)]
+        li, ri, oi = [None] * lhs.ndim, [None] * rhs.ndim, [None] * out.ndim
+        oi[os_[0]] = V("d0")
+        oi[os_[1]] = V("g") * (co // G) + V("o")
+        for i, (yr, _, _) in enumerate(combo):
+            oi[os_[2 + i]] = V(f"y{i}") * D[i] + yr
+        lead = [("d0", n), ("g", G), ("o", co // G)]
+        if any(kr is None for _, kr, _ in combo):
+            # no tap of this class lands on an input element: zeros
+            ctx.emit(out, lead + ydims, oi, Const(0.0))
+            continue
+        kdims = [(f"k{i}", -(-(ksz[i] - kr) // D[i])) for i, (_, kr, _) in enumerate(combo)]
+        li[ls[0]] = V("d0")
+        ri[rs[0]] = V("g") * (co // G) + V("o")
+        li[ls[1]] = V("g") * ci_g + V("c")
+        ri[rs[1]] = V("c")
+        guard = []
+        for i, (yr, kr, c) in enumerate(combo):
+            e = _window_index(V(f"y{i}"), V(f"k{i}"), S[i], R[i], -c)
+            li[ls[2 + i]] = e
+            ri[rs[2 + i]] = V(f"k{i}") * D[i] + kr
+            size = lhs.shape[ls[2 + i]]
+            lo_b, hi_b = e.bounds({f"y{i}": ydims[i][1], f"k{i}": kdims[i][1]})
+            if lo_b < 0 or hi_b >= size:
+                guard.append(Atom(e, 0, size))
+        body = Call("mul", (ctx.load(lhs, li), ctx.load(rhs, ri)))
+        ctx.emit(out, lead + ydims + [("c", ci_g)] + kdims, oi, body, reduce="sum",
+                 unit="" if _exact(ctx) else "conv", guard=tuple(guard))
     ctx.bind(out)
 
 
