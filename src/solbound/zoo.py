@@ -86,6 +86,11 @@ def _heads(n: int) -> int:
     return min(n, HEADS)
 
 
+# the cap of each kind of field, in the order a name is tried against them
+_CAPS = ((_LAYERS, LAYERS), (_HEAD_DIM, HEAD_DIM), (_HIDDEN, HIDDEN), (_FFN, FFN),
+         (_EXPERTS, EXPERTS), (_TOPK, EXPERTS_PER_TOKEN), (_VOCAB, VOCAB))
+
+
 def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     """The overrides for one config's fields: ``{field: (default, shrunk)}``.
 
@@ -111,22 +116,11 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     for k, v in ints.items():
         if k in out or v <= 0:
             continue
-        if _LAYERS.fullmatch(k):
-            put(k, min(v, LAYERS))
-        elif _HEAD_DIM.fullmatch(k):
-            put(k, min(v, HEAD_DIM))
-        elif _HIDDEN.fullmatch(k):
-            put(k, min(v, HIDDEN))
-        elif _FFN.fullmatch(k):
-            put(k, min(v, FFN))
-        elif _EXPERTS.fullmatch(k):
-            put(k, min(v, EXPERTS))
-        elif _TOPK.fullmatch(k):
-            put(k, min(v, EXPERTS_PER_TOKEN))
+        cap = next((c for pat, c in _CAPS if pat.fullmatch(k)), None)
+        if cap is not None:
+            put(k, min(v, cap))
         elif _GROUPS.fullmatch(k):
             put(k, 1)
-        elif _VOCAB.fullmatch(k):
-            put(k, min(v, VOCAB))
         elif _POSITIONS.fullmatch(k):
             put(k, min(v, 512) if v >= 64 else v)
         elif _WIDTHLIKE.fullmatch(k) and v > WIDTH_MAX:
