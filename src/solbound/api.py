@@ -42,8 +42,16 @@ def analyze_lowered(lowered, *, source: str, arch=None, precision_policy: str | 
 def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = None,
             source: str | None = None, validate: bool = False,
             keep_experts_dispatch: bool = False, routing: str | None = None,
-            select_fraction: float | None = None, cache=None, **validate_opts) -> Report:
+            select_fraction: float | None = None, cache=None, train: bool = False,
+            optimizer=None, problem_module=None, **validate_opts) -> Report:
     """Analyze ``module(*inputs)``: capture, lower to the loop IR, count, bound.
+
+    ``train=True`` analyzes the training step instead (``frontends/torch/train.py``):
+    the forward's scalar loss (or its output's ``loss``), its backward to every parameter
+    that requires a gradient and the optimizer's step. ``optimizer``: a
+    ``torch.optim.Optimizer`` over the module's parameters, or the name of a
+    ``torch.optim`` class (default: ``make_optimizer(model)`` of ``problem_module`` when it
+    defines one, else AdamW with its defaults).
 
     ``inputs`` may be real or meta tensors; capture itself runs on fake tensors.
     ``arch`` is a comma-separated string of catalog ids, a list of ids/specs, or
@@ -67,8 +75,16 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     t0 = time.perf_counter()
     if select_fraction is not None and not 0 <= select_fraction <= 1:
         raise ValueError(f"select_fraction {select_fraction}: expected a number in [0, 1]")
-    ep = export_program(module, tuple(inputs), src, keep_experts=keep_experts_dispatch,
-                        routing=routing, select_fraction=select_fraction)
+    if train:
+        from .frontends.torch.train import export_train_step
+        ep = export_train_step(module, tuple(inputs), src,
+                               optimizer=optimizer if not isinstance(optimizer, str) else None,
+                               optimizer_name=optimizer if isinstance(optimizer, str) else None,
+                               problem_module=problem_module,
+                               keep_experts=keep_experts_dispatch, routing=routing)
+    else:
+        ep = export_program(module, tuple(inputs), src, keep_experts=keep_experts_dispatch,
+                            routing=routing, select_fraction=select_fraction)
     t1 = time.perf_counter()
     user_files = (source,) if source and os.path.exists(source) else ()
     lowered = lower(ep, user_files, input_structure(inputs), state_structure(module))
@@ -77,6 +93,7 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
                           timings={"export_s": t1 - t0, "lower_s": t2 - t1}, cache=cache)
     rep.keep_experts_dispatch = keep_experts_dispatch
     rep.routing = routing
+    rep.train = {"optimizer": optimizer, "problem_module": problem_module} if train else None
     rep.select_fraction = select_fraction
     rep.sizes_assumed = bool(getattr(ep, "solbound_sizes_assumed", False))
     if validate:
@@ -185,9 +202,11 @@ def _nnx_split(fn, args: tuple):
 def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    validate: bool = False, keep_experts_dispatch: bool = False,
                    routing: str | None = None, select_fraction: float | None = None,
-                   cache=None, **validate_opts) -> Report:
+                   cache=None, train: bool = False, optimizer=None, **validate_opts) -> Report:
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``; a file that
-    defines ``example()`` returning ``(function, args)`` (and no ``Model``) is a JAX program."""
+    defines ``example()`` returning ``(function, args)`` (and no ``Model``) is a JAX program.
+    ``train``/``optimizer``: the training step (see :func:`analyze`); the file may define
+    ``make_optimizer(model)``."""
     jax_example = _jax_example(spec)
     if jax_example is not None:
         fn, args = jax_example
@@ -199,7 +218,8 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
     model, inputs, note = problem.build_for_capture()
     rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec,
                   keep_experts_dispatch=keep_experts_dispatch, routing=routing,
-                  select_fraction=select_fraction, cache=cache)
+                  select_fraction=select_fraction, cache=cache, train=train,
+                  optimizer=optimizer, problem_module=problem.module)
     if note:
         rep.lowered.program = rep.lowered.program.__class__(
             rep.lowered.program.tensors, rep.lowered.program.kernels,

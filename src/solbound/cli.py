@@ -27,6 +27,12 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "a level (l2, llc, smem, regs, vmem); default each chip's last-level "
                         "cache")
     _routing_arg(p)
+    p.add_argument("--train", action="store_true",
+                   help="the training step: the forward's scalar loss (or its output's "
+                        "`loss`), its backward and the optimizer's step")
+    p.add_argument("--optimizer", default=None, metavar="NAME",
+                   help="with --train: a torch.optim class (default: the file's "
+                        "make_optimizer(model), else AdamW with its defaults)")
 
 
 def _fraction(text: str) -> float:
@@ -57,7 +63,7 @@ def cmd_analyze(a) -> int:
     rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
-                         **_vopts(a))
+                         train=a.train, optimizer=a.optimizer, **_vopts(a))
     if a.measure:
         from .frontends.torch.capture import load_problem
         from .frontends.torch.timing import MeasureError, measure_problem
@@ -138,7 +144,8 @@ def cmd_ir(a) -> int:
 def cmd_explain(a) -> int:
     from .api import analyze_source
     rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
-                         routing=a.routing, select_fraction=a.select_fraction)
+                         routing=a.routing, select_fraction=a.select_fraction,
+                         train=a.train, optimizer=a.optimizer)
     if not a.kernel:
         for k in rep.counts.kernels:
             print(f"{k.name:40s} {k.op:30s} {k.einsum}")
@@ -195,7 +202,8 @@ def cmd_slope(a) -> int:
     from .api import analyze_source
     from .report.report import dumps
     rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
-                         routing=a.routing, select_fraction=a.select_fraction)
+                         routing=a.routing, select_fraction=a.select_fraction,
+                         train=a.train, optimizer=a.optimizer)
     pc = rep.program_cache()
     caps = pc.capacities()
     program = [pc.traffic(c).bytes for c in caps]
@@ -257,7 +265,8 @@ def cmd_provision(a) -> int:
     except TargetError as e:
         return _err(str(e))
     rep = analyze_source(a.program, arch=_archs(a) or "all", precision_policy=a.precision_policy,
-                         routing=a.routing, select_fraction=a.select_fraction, cache=a.cache)
+                         routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
+                         train=a.train, optimizer=a.optimizer)
     doc = provision(rep, target)
     if a.json:
         _write(a.json, dumps(doc, indent=1) + "\n")
@@ -298,7 +307,8 @@ def cmd_project(a) -> int:
     from .report.report import dumps
     from .bounds.provision import projection
     rep = analyze_source(a.program, arch=_archs(a) or "all", precision_policy=a.precision_policy,
-                         routing=a.routing, select_fraction=a.select_fraction, cache=a.cache)
+                         routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
+                         train=a.train, optimizer=a.optimizer)
     rows = projection(rep)
     if a.json:
         _write(a.json, dumps({"schema": "solbound.project/1", "source": rep.source,
@@ -447,6 +457,8 @@ EXIT_OK, EXIT_VALIDATION_FAILED, EXIT_BAD_INPUT, EXIT_UNCOUNTED, EXIT_INTERNAL =
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "optimizer", None) and not getattr(args, "train", False):
+        return _err("--optimizer chooses the training step's optimizer: add --train")
     from .frontends.torch.capture import FrontendError
     from .hardware.catalog import UnknownArch
     from .bounds.roofline import PolicyError

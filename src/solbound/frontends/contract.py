@@ -47,3 +47,7 @@ class LoweredProgram:
     partial: set[str] = field(default_factory=set)
     # where a draw that cannot be replayed was made (inside a loop or a branch), or ""
     draws_unreplayable: str = ""
+    # a training step (frontends/torch/train.py): {"optimizer", "gradients": {parameter:
+    # IR tensor}, "optimizer_state": [IR tensors], "trained", "frozen", "unused"}; the
+    # phase of each operator is in ``groups[op]["phase"]``
+    training: dict | None = None

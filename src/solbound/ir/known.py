@@ -353,8 +353,15 @@ def _eval_call(op: str, args: list):
     """``op(args)``, splitting on the first conditional argument."""
     for pos, a in enumerate(args):
         if isinstance(a, Cond):
-            inside = _eval_call(op, args[:pos] + [a.t] + args[pos + 1:])
-            outside = _eval_call(op, args[:pos] + [a.f] + args[pos + 1:])
+            # arguments conditional on the same region take their own side of it
+            # (``p*g - p*s`` with both products zero outside a triangle is zero there)
+            inside = _eval_call(op, [b.t if isinstance(b, Cond) and b.atoms == a.atoms
+                                     else b for b in args[:pos]] + [a.t]
+                                + [b.t if isinstance(b, Cond) and b.atoms == a.atoms else b
+                                   for b in args[pos + 1:]])
+            outside = _eval_call(op, [a.f if b is a else
+                                      (b.f if isinstance(b, Cond) and b.atoms == a.atoms else b)
+                                      for b in args])
             if isinstance(outside, Cond):
                 return UNKNOWN      # not of the form "outside a region, a constant"
             return _cond(a.atoms, inside, outside)

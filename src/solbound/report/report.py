@@ -132,6 +132,36 @@ class Report:
                 f"{pc.macs:,} MACs, {pc.fused.bytes:,} fused bytes{sol}, "
                 f"{len(self.unsupported)} unsupported>")
 
+    # --- training step ----------------------------------------------------------------
+    @property
+    def training(self) -> dict | None:
+        """A training step's phases (forward, backward, optimizer: MACs, FLOPs per unit,
+        unfused and fused bytes), its resident memory and whether it fits each chip's
+        DRAM (``analysis/training.py``); None for a program that is not a step."""
+        info = getattr(self.lowered, "training", None)
+        if info is None:
+            return None
+        if not hasattr(self, "_training"):
+            from ..analysis.training import phase_counts, step_memory
+            phase_of = {op: g.get("phase", "forward")
+                        for op, g in (self.lowered.groups or {}).items()}
+            mem = step_memory(self.program, phase_of, info.get("gradients", {}),
+                              set(info.get("optimizer_state", [])))
+            fits = {}
+            for s in self.specs:
+                cap = s.entries.get("dram.capacity", {}).get("value")
+                fits[s.id] = {"capacity": cap, "fits": None if cap is None else mem["total"] <= cap}
+            self._training = {
+                "optimizer": info.get("optimizer"),
+                "optimizer_defaults": info.get("defaults", {}),
+                "parameters_trained": len(info.get("trained", [])),
+                "parameters_frozen": list(info.get("frozen", [])),
+                "parameters_without_gradient": list(info.get("unused", [])),
+                "phases": phase_counts(self.program, self.counts, phase_of),
+                "memory": {**mem, "fits": fits},
+            }
+        return self._training
+
     @property
     def totals(self) -> dict:
         return self.to_dict()["totals"]
@@ -243,6 +273,10 @@ class Report:
                             if n.startswith("assumption:") or "assumed" in n],
             "validation": self.validation,
         }
+        if self.training is not None:
+            d["training"] = self.training
+            d["phases"] = self.training["phases"]
+            d["memory"] = self.training["memory"]
         return d
 
     def to_json(self) -> str:
@@ -311,6 +345,24 @@ class Report:
                       f"special {_si(pc.flops['special'])})")
         console.print(f"  DRAM bytes: unfused {_si(pc.unfused.bytes)}B, fused {_si(pc.fused.bytes)}B"
                       f"   policy: {self.policy.describe()}")
+        tr = self.training
+        if tr is not None:
+            tp = Table(title=f"Training step ({tr['optimizer']}): per phase")
+            for col in ("phase", "operators", "MACs", "FLOPs", "bytes unfused", "bytes fused"):
+                tp.add_column(col, justify="left" if col == "phase" else "right")
+            for name, ph in tr["phases"].items():
+                tp.add_row(name, str(ph["operators"]), _si(ph["macs"]), _si(ph["flops"]),
+                           _si(ph["bytes"]["unfused"]) + "B", _si(ph["bytes"]["fused"]) + "B")
+            console.print(tp)
+            m = tr["memory"]
+            console.print(f"  resident: parameters {_si(m['parameters'])}B, gradients "
+                          f"{_si(m['gradients'])}B, optimizer state {_si(m['optimizer_state'])}B, "
+                          f"saved for backward {_si(m['saved_for_backward'])}B, peak "
+                          f"intermediates {_si(m['peak_intermediates'])}B; total "
+                          f"{_si(m['total'])}B")
+            over = [a for a, f in m["fits"].items() if f["fits"] is False]
+            if over:
+                console.print(f"  [red]does not fit[/red] in the DRAM of: {e(', '.join(over))}")
         for b in self.bounds:
             if b.cache_bytes is not None:
                 console.print(f"  {e(b.arch)} {e(b.mode)}: {_si(b.bytes)}B with "

@@ -383,14 +383,18 @@ class _traceable_experts:
 
 
 def export_program(model, inputs: tuple, source: str = "program", keep_experts: bool = False,
-                   routing: str | None = None, select_fraction: float | None = None):
+                   routing: str | None = None, select_fraction: float | None = None,
+                   decompose=None):
     """torch.export + core ATen decomposition; returns the ExportedProgram. Notes on what
     was assumed while tracing are in ``ep.solbound_notes``.
 
     A program whose sizes or branches depend on routing decisions (a hand-written
     mixture-of-experts dispatch) is traced again under the routing assumption
     ``routing`` (``routing.ROUTINGS``; default balanced), stated in the notes and kept
-    in ``ep.solbound_routing`` for validation (``None`` when none was needed)."""
+    in ``ep.solbound_routing`` for validation (``None`` when none was needed).
+
+    ``decompose``: what follows the export (default: the core-ATen decompositions); the
+    training step keeps the exported forward to build its joint graph from."""
     import torch
     import torch.nn as nn
     from .routing import DEFAULT_ROUTING, RoutingMode, routing_note
@@ -408,7 +412,7 @@ def export_program(model, inputs: tuple, source: str = "program", keep_experts: 
     try:
         with _python_state_kept(model) as state:
             return _export(model, args, source, keep_experts, routing, home, state,
-                           select_fraction)
+                           select_fraction, decompose)
     finally:
         _detach_state(model)
 
@@ -463,7 +467,8 @@ def _register_output_type(exc: BaseException) -> bool:
     return True
 
 
-def _export(model, args, source, keep_experts, routing, home, state, select_fraction=None):
+def _export(model, args, source, keep_experts, routing, home, state, select_fraction=None,
+            decompose=None):
     import torch
     from .routing import DEFAULT_ROUTING, RoutingMode, counts_note, routing_note, sizes_note
     lifted = False
@@ -491,7 +496,8 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                 continue
             with warnings.catch_warnings(), _fast_recurrent_shapes(), _quiet_torch_logs():
                 warnings.simplefilter("ignore")
-                ep = ep.run_decompositions(_decomp_table())
+                ep = (decompose(ep) if decompose is not None
+                      else ep.run_decompositions(_decomp_table()))
             for mod in model.modules():     # traced values must not stay in held objects
                 _rebind(mod)
             ep.solbound_notes = list(experts.notes)

@@ -544,8 +544,16 @@ class Lowering:
                                      "strides": list(f.strides), "offset": f.offset,
                                      "src": self.node_src.get(node.name, "")}
         draws = {t: v for t, v in self.random_draws.items() if t in program.tensor_map}
-        return LoweredProgram(program, self.unsupported, outputs, inputs, state, self.groups,
-                              values, self.rules_used, draws, partial)
+        low = LoweredProgram(program, self.unsupported, outputs, inputs, state, self.groups,
+                             values, self.rules_used, draws, partial)
+        train = getattr(ep, "solbound_train", None)
+        if train is not None:
+            grads = {p: values[n]["ir"] for p, n in getattr(ep, "solbound_gradients", {}).items()
+                     if n in values}
+            low.training = {**train, "gradients": grads,
+                            "optimizer_state": [s["ir"] for s in state
+                                                if s["target"].startswith("optimizer.")]}
+        return low
 
     def _input_support(self, inputs: list[dict], program: Program,
                        written: set[str]) -> dict[str, tuple[Atom, ...]]:
@@ -665,6 +673,10 @@ class Lowering:
         return seeds, notes
 
     def _group_of(self, node: torch.fx.Node) -> tuple[str, str, str]:
+        own = node.meta.get("solbound_group")      # set by the training step's join
+        if own is not None:
+            return (own[0], re.sub(r"\.default$", "", own[1]),
+                    own[2] if len(own) > 2 and own[2] else _src_of(node, self.user_files))
         fn = node.meta.get("from_node") or []
         root = fn[0] if fn else None
         gname = root.name if root is not None else node.name
@@ -681,6 +693,8 @@ class Lowering:
         gid, gname, src = self._cur_group
         self.node_src[node.name] = src
         self.groups.setdefault(gid, {"name": gname, "src": src, "module": _module_of(node)})
+        if "solbound_phase" in node.meta:
+            self.groups[gid].setdefault("phase", node.meta["solbound_phase"])
         fn = find_rule(target)
         reason = "no lowering rule"
         if fn is not None:
@@ -752,13 +766,18 @@ class Lowering:
         specs = sig.output_specs
         paths = iter(output_paths(self.ep))
         res = []
-        for spec, arg in zip(specs, node.args[0]):
+        # a kind export's signature has no name for (the training step's parameter
+        # updates, user outputs there)
+        overrides = getattr(self.ep, "solbound_output_kinds", None) or [None] * len(specs)
+        for spec, arg, over in zip(specs, node.args[0], overrides):
             kind = spec.kind.name
             v = self.env.get(arg) if isinstance(arg, torch.fx.Node) else arg
             entry = {"kind": {"USER_OUTPUT": "output", "BUFFER_MUTATION": "buffer_mutation"}
                      .get(kind, kind.lower()), "target": spec.target}
             if kind == "USER_OUTPUT":
                 entry["path"] = next(paths, "")
+            if over is not None:
+                entry["kind"], entry["target"] = over
             if isinstance(v, View) and kind == "USER_OUTPUT" and not v.is_full \
                     and self.tensors[v.base].role == "intermediate":
                 v = self._output_copy(v, arg)
@@ -825,6 +844,8 @@ def output_paths(ep) -> list[str]:
     for a program returning a single tensor."""
     from torch.utils._pytree import (GetAttrKey, MappingKey, SequenceKey,
                                      tree_flatten_with_path, tree_unflatten)
+    if getattr(ep, "solbound_output_paths", None) is not None:
+        return list(ep.solbound_output_paths)
     spec = getattr(getattr(ep, "call_spec", None), "out_spec", None)
     if spec is None:
         return []

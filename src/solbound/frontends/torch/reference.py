@@ -165,7 +165,8 @@ def recheck_in_f64(lowered, ep, model, inputs, golden32: list, outs: list[dict],
 
 
 def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
-                     replay: dict | None = None, scale: _InputScale | None = None) -> dict | None:
+                     replay: dict | None = None, scale: _InputScale | None = None,
+                     args: list | None = None) -> dict | None:
     """Run the decomposed graph on the same real inputs and find the first node
     whose IR value differs (by node order), naming its kernel and source.
 
@@ -175,7 +176,7 @@ def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
     from torch.fx import Interpreter
 
     scale = scale or _InputScale(lowered.program, arrays)
-    args = _graph_args(ep, model, inputs)
+    args = args if args is not None else _graph_args(ep, model, inputs)
     produced: dict[str, str] = {}
     for k in lowered.program.kernels:
         produced.setdefault(k.out, k.name)
@@ -414,6 +415,11 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
 
     keep = getattr(rep, "keep_experts_dispatch", False)
     routing = getattr(rep, "routing", None)
+    if getattr(rep, "train", None) is not None:
+        from .train import validate_step
+        rep.validation = validate_step(rep, model, inputs, problem=problem, seed=seed,
+                                       max_bytes=max_bytes, max_seconds=max_seconds)
+        return rep.validation
     if getattr(rep, "sizes_assumed", False):
         rep.validation = {"status": "skipped",
                           "reason": "selection sizes were assumed (--select-fraction): the run "

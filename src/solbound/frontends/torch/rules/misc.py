@@ -317,3 +317,14 @@ def _roll_copies(ctx: OpCtx, src: View, dst: View, shift: int, dim: int) -> None
         oi = [v + lo if i == dim else v for i, v in enumerate(idx)]
         si = [v + start if i == dim else v for i, v in enumerate(idx)]
         ctx.emit(kb, dst, oi, kb.load(src, si))
+
+
+@rule("aten._local_scalar_dense")
+def local_scalar_dense(ctx: OpCtx) -> None:
+    """``t.item()`` of a one-element tensor used as a number by later operators (an
+    optimizer's step size, computed from its step counter): the tensor itself, read as a
+    broadcast operand where the number is used. Nothing is computed."""
+    x = ctx.args[0]
+    if not isinstance(x, View) or any(int(s) != 1 for s in x.shape):
+        raise LoweringError("item() of a tensor that is not one element")
+    ctx.bind(View(x.base, x.meta.reshape(()), x.base_shape) if x.shape else x)

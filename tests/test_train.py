@@ -1,0 +1,259 @@
+"""The training step (``--train``): forward, backward and optimizer counted exactly,
+split by phase, with the step's traffic and resident memory; validated against PyTorch's
+own step (loss, gradients, updated parameters and optimizer state).
+
+Counting convention used in the closed forms below: a sum of products is MACs (a
+contraction), so ``sum((y - t)**2)`` of a squared error and the bias gradient
+``sum_b(g * dy)`` of a layer whose output gradient is itself a product count their points
+as MACs, as they do in the forward analysis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import solbound
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+EXAMPLE = os.path.join(ROOT, "examples", "train_mlp.py")
+
+B, DIN, DH, DOUT = 64, 256, 1024, 16     # examples/train_mlp.py
+
+
+class MLP(nn.Module):
+    def __init__(self, din=DIN, dh=DH, dout=DOUT):
+        super().__init__()
+        self.fc1 = nn.Linear(din, dh)
+        self.fc2 = nn.Linear(dh, dout)
+
+    def forward(self, x, target):
+        return nn.functional.mse_loss(self.fc2(torch.relu(self.fc1(x))), target)
+
+
+def _mlp_inputs(b=B, din=DIN, dout=DOUT):
+    torch.manual_seed(0)
+    return torch.randn(b, din), torch.randn(b, dout)
+
+
+def test_mlp_step_exact_counts_traffic_and_memory():
+    """MACs, fused bytes and resident memory of an AdamW step, derived by hand."""
+    rep = solbound.analyze(MLP(), _mlp_inputs(), arch="h100-sxm", train=True)
+    assert not rep.unsupported
+    P = DIN * DH + DH + DH * DOUT + DOUT                 # parameters
+    fwd = B * DIN * DH + B * DH * DOUT + B * DOUT        # two linears, sum of squares
+    # dW2, dX2 (the hidden layer's gradient), dW1 and fc2's bias gradient (a sum of
+    # products); no gradient for x (an input) and none for the target
+    bwd = DH * DOUT * B + B * DH * DOUT + DH * DIN * B + B * DOUT
+    ph = rep.training["phases"]
+    assert ph["forward"]["macs"] == fwd
+    assert ph["backward"]["macs"] == bwd
+    assert ph["optimizer"]["macs"] == 0
+    assert rep.counts.macs == fwd + bwd
+    # fused: parameters and AdamW's state (exp_avg, exp_avg_sq: 2P, and one step counter
+    # per parameter tensor: 4) read and written once, inputs read, the loss written
+    state = 2 * P + 4
+    assert rep.counts.fused.bytes == 4 * (2 * P + 2 * state + B * DIN + B * DOUT + 1)
+    assert sum(p["bytes"]["fused"] for p in ph.values()) == rep.counts.fused.bytes
+    # gradients are intermediates: nothing of the backward crosses DRAM in the fused bound
+    assert ph["backward"]["bytes"]["fused"] == 0
+    mem = rep.training["memory"]
+    assert mem["parameters"] == 4 * P
+    assert mem["gradients"] == 4 * P
+    assert mem["optimizer_state"] == 4 * state
+    assert mem["inputs"] == 4 * (B * DIN + B * DOUT)
+    assert mem["total"] == mem["parameters"] + mem["optimizer_state"] + mem["inputs"] \
+        + mem["buffers"] + mem["peak_intermediates"]
+    assert mem["peak_intermediates"] >= mem["gradients"]
+    assert mem["fits"]["h100-sxm"]["fits"] is True
+    assert rep.training["optimizer"] == "AdamW"
+    # the optimizer's arithmetic comes from torch.optim's own AdamW, traced: one sqrt
+    # per element of every parameter (the special-function unit), elementwise work only
+    assert ph["optimizer"]["flops_by_unit"]["special"] >= P
+    assert ph["optimizer"]["flops_by_unit"]["matrix"] == 0
+
+
+def test_mlp_step_validates_against_pytorch():
+    rep = solbound.analyze(MLP(64, 128, 8), _mlp_inputs(16, 64, 8), arch="h100-sxm",
+                           train=True, validate=True)
+    v = rep.validation
+    assert v["status"] == "passed", v
+    assert v["compared"] == {"loss": 1, "gradients": 4, "parameters": 4, "optimizer_state": 12}
+
+
+def test_sgd_momentum_and_frozen_parameters():
+    """SGD with momentum: one momentum buffer per trained parameter; a frozen layer takes
+    no gradient and no update (its dW is not computed)."""
+    m = MLP(64, 128, 8)
+    m.fc1.weight.requires_grad_(False)
+    opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1,
+                          momentum=0.9)
+    rep = solbound.analyze(m, _mlp_inputs(16, 64, 8), arch="h100-sxm", train=True,
+                           optimizer=opt, validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    tr = rep.training
+    assert tr["optimizer"] == "SGD"
+    assert tr["parameters_frozen"] == ["fc1.weight"]
+    trained = 128 + 128 * 8 + 8
+    assert tr["memory"]["optimizer_state"] == 4 * trained          # momentum buffers
+    # backward: dW2, dX2, fc2's bias gradient (a sum of products); fc1's weight is frozen
+    # and x is an input, so no product reaches back through fc1
+    assert tr["phases"]["backward"]["macs"] == 128 * 8 * 16 + 16 * 128 * 8 + 16 * 8
+
+
+def test_unused_parameter_is_named_and_not_updated():
+    class Extra(MLP):
+        def __init__(self):
+            super().__init__(64, 128, 8)
+            self.unused = nn.Linear(8, 8)
+    rep = solbound.analyze(Extra(), _mlp_inputs(16, 64, 8), arch="h100-sxm", train=True)
+    assert rep.training["parameters_without_gradient"] == ["unused.weight", "unused.bias"]
+    assert any("unused.weight receives no gradient" in n for n in rep.program.notes)
+    assert rep.training["parameters_trained"] == 4
+
+
+def test_forward_without_a_loss_is_one_line_error():
+    from solbound.frontends.contract import FrontendError
+
+    class NoLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x)
+    with pytest.raises(FrontendError, match=r"returns a scalar loss .* it returned a tensor "
+                                            r"of shape \(2, 4\)"):
+        solbound.analyze(NoLoss(), (torch.randn(2, 4),), train=True)
+    with pytest.raises(FrontendError, match="not a torch.optim optimizer"):
+        solbound.analyze(MLP(), _mlp_inputs(), train=True, optimizer="Adamm")
+
+
+def test_causal_attention_backward_is_four_triangles():
+    """Causal attention's backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, each
+    over the causal triangle only (the mask stays a guard), no recomputation."""
+    H, T, E = 2, 16, 8
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(E * H, 3 * E * H, bias=False)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(1, T, 3, H, E).permute(2, 0, 3, 1, 4)
+            o = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return o.float().pow(2).mean()
+    torch.manual_seed(0)
+    rep = solbound.analyze(Attn(), (torch.randn(1, T, E * H),), arch="h100-sxm",
+                           train=True, validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    tri = H * (T * (T + 1) // 2) * E
+    bmm = [k for k in rep.counts.kernels if k.opname == "aten.bmm"]
+    phase = {op: g.get("phase") for op, g in rep.lowered.groups.items()}
+    fwd = [k.macs for k in bmm if phase[k.op] == "forward"]
+    bwd = [k.macs for k in bmm if phase[k.op] == "backward"]
+    assert fwd == [tri, tri]                 # QK^T and PV, each a triangle
+    assert sorted(bwd) == [tri] * 4          # dV, dP, dQ, dK
+
+
+def _llama():
+    import transformers
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg), cfg
+
+
+class _Labels(nn.Module):
+    """``model(input_ids=ids, labels=ids)``: a transformers model given labels."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, ids, labels):
+        return self.m(input_ids=ids, labels=labels)
+
+
+def test_llama_step_closed_form_and_validation():
+    """Every product of a Llama training step from the config: forward, then the two
+    products per linear in the backward (dW, dX), four causal triangles per layer."""
+    m, c = _llama()
+    T = 16
+    ids = torch.randint(0, c.vocab_size, (1, T))
+    rep = solbound.analyze(_Labels(m), (ids, ids), arch="h100-sxm", train=True,
+                           validate=True)
+    assert not rep.unsupported
+    v = rep.validation
+    assert v["status"] == "passed", v
+    n_params = sum(1 for _ in m.parameters())
+    assert v["compared"] == {"loss": 1, "gradients": n_params, "parameters": n_params,
+                             "optimizer_state": 3 * n_params}
+    D, F, L, V = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
+    hd = D // c.num_attention_heads
+    kv = c.num_key_value_heads * hd
+    linear = L * (T * D * D + 2 * T * D * kv + T * D * D + 3 * T * D * F) + T * D * V
+    tri = c.num_attention_heads * (T * (T + 1) // 2) * hd
+    phase = {op: g.get("phase") for op, g in rep.lowered.groups.items()}
+
+    def products(ph, names):
+        return sum(k.macs for k in rep.counts.kernels
+                   if phase[k.op] == ph and k.opname in names)
+    assert products("forward", ("aten.mm",)) == linear
+    assert products("forward", ("aten.bmm",)) == L * 2 * tri
+    assert products("backward", ("aten.mm",)) == 2 * linear
+    assert products("backward", ("aten.bmm",)) == L * 4 * tri
+    # AdamW: fp32 state of two moments per parameter element plus a step per tensor
+    P = sum(p.numel() for p in m.parameters())
+    assert rep.training["memory"]["optimizer_state"] == 4 * (2 * P + n_params)
+
+
+def test_gpt2_step():
+    """GPT-2 (tied input/output embeddings: one parameter, one gradient). With its default
+    dropout the step analyzes (random masks counted); validated with dropout off and SGD:
+    the key projection's bias has a gradient that is exactly zero in exact arithmetic
+    (softmax ignores a constant added to a row's scores), so its fp32 value is rounding
+    noise, which Adam's normalized update would magnify to a full step of either sign."""
+    import transformers
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (1, 16))
+    m = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32))
+    rep = solbound.analyze(_Labels(m), (ids, ids), arch="h100-sxm", train=True)
+    assert not rep.unsupported
+    assert rep.lowered.random_draws                     # dropout masks, drawn per step
+    assert rep.training["parameters_trained"] == sum(1 for _ in m.parameters())
+    m = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32, attn_pdrop=0.0,
+        resid_pdrop=0.0, embd_pdrop=0.0))
+    rep = solbound.analyze(_Labels(m), (ids, ids), arch="h100-sxm", train=True,
+                           optimizer="SGD", validate=True)
+    v = rep.validation
+    assert v["status"] == "passed", v
+    # each compared gradient with its parameter's update (the tied embedding's is not
+    # matched to the reference yet: a known gap, see docs/training.md)
+    assert v["compared"]["gradients"] == v["compared"]["parameters"] > 0
+
+
+def test_cli_train_json_and_validate():
+    out = subprocess.run([sys.executable, "-m", "solbound", "analyze", EXAMPLE, "--train",
+                          "--arch", "h100-sxm,a100-sxm", "--json", "-", "-q", "--validate"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc["phases"]) == {"forward", "backward", "optimizer"}
+    assert doc["training"]["optimizer"] == "AdamW"            # the file's make_optimizer
+    assert doc["training"]["optimizer_defaults"]["weight_decay"] == 0.01
+    assert doc["memory"]["fits"]["a100-sxm"]["fits"] is True
+    assert doc["validation"]["status"] == "passed"
+    bad = subprocess.run([sys.executable, "-m", "solbound", "analyze", EXAMPLE,
+                          "--optimizer", "SGD"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode != 0 and "--train" in bad.stderr
