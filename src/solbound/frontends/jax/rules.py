@@ -74,6 +74,21 @@ for _p, _op in UNARY.items():
         rule(_p)(_unary(_op))
 
 
+@rule("is_finite")
+def is_finite(ctx: Ctx) -> None:
+    """``isfinite(x)`` as ``abs(x) < inf`` (false for both infinities and, a comparison
+    with NaN being false, for NaN): two vector ops per element (``logsumexp`` guards its
+    shift with it, and so does every softmax cross-entropy of optax)."""
+    _elementwise(ctx, lambda a: Call("lt", (Call("abs", (a,)), Const(math.inf))))
+
+
+@rule("add_any")
+def add_any(ctx: Ctx) -> None:
+    """``add_any``: JAX's transposition summing two cotangents of one value (a value read
+    twice in the forward); one add per element, as ``add``."""
+    _elementwise(ctx, lambda a, b: Call("add", (a, b)))
+
+
 @rule("square")
 def square(ctx: Ctx) -> None:
     _elementwise(ctx, lambda a: Call("mul", (a, a)))
@@ -239,8 +254,12 @@ def transpose(ctx: Ctx) -> None:
 @rule("reshape")
 def reshape(ctx: Ctx) -> None:
     x = _as_view(ctx, ctx.args[0])
-    if ctx.params.get("dimensions"):
-        raise JaxLoweringError("reshape with dimensions")
+    perm = ctx.params.get("dimensions")
+    if perm:
+        # lax.reshape(x, sizes, dimensions): the operand transposed by ``dimensions``
+        # first (a view), then reshaped (JAX's transposition of a grouped convolution)
+        x = JView(x.base, tuple(x.shape[i] for i in perm), tuple(x.strides[i] for i in perm),
+                  x.offset, x.dtype)
     if not x.contiguous():
         x = ctx.low._copy(x, "reshape_src")
     shape = tuple(ctx.params["new_sizes"])
@@ -341,17 +360,33 @@ def tile(ctx: Ctx) -> None:
 
 @rule("pad")
 def pad(ctx: Ctx) -> None:
+    """``lax.pad``: the padding value everywhere, then the operand's elements at ``v *
+    (interior + 1) + lo``. A negative ``lo``/``hi`` crops (JAX's transposition of a
+    strided convolution or window whose last positions are not read): only the operand
+    elements that land in the output are copied. A pad that only crops is a view."""
     x, value = _as_view(ctx, ctx.args[0]), ctx.args[1]
-    cfg = ctx.params["padding_config"]
-    if any(lo < 0 or hi < 0 for lo, hi, _ in cfg):
-        raise JaxLoweringError("pad with negative padding")
+    cfg = [(int(lo), int(hi), int(it)) for lo, hi, it in ctx.params["padding_config"]]
+    out_shape = tuple(ctx.eqn.outvars[0].aval.shape)
+    # per dimension: the first operand element kept and how many
+    first, count = [], []
+    for n, m, (lo, _, it) in zip(x.shape, out_shape, cfg):
+        a = max(0, -(lo // (it + 1)))                  # ceil(-lo / (it + 1)) for lo < 0
+        b = min(n - 1, (m - 1 - lo) // (it + 1)) if m > 0 else -1
+        first.append(a)
+        count.append(max(0, b - a + 1))
+    if all(lo <= 0 and hi <= 0 and (it == 0 or n <= 1) for (lo, hi, it), n in zip(cfg, x.shape)):
+        off = x.offset + sum(a * st for a, st in zip(first, x.strides))
+        _view(ctx, x, count, x.strides, off)
+        return
     out = ctx.output()
     dims = _dims(out.shape)
     ctx.emit(out, dims, _vars(dims), ctx.load(value, []) if isinstance(value, JView) else Const(value))
-    dims = _dims(x.shape)
-    idx = _vars(dims)
-    oi = [v * (interior + 1) + lo for v, (lo, _, interior) in zip(idx, cfg)]
-    ctx.emit(out, dims, oi, ctx.load(x, idx))
+    if all(count):
+        dims = _dims(count)
+        idx = _vars(dims)
+        xi = [v + a for v, a in zip(idx, first)]
+        oi = [(v + a) * (it + 1) + lo for v, a, (lo, _, it) in zip(idx, first, cfg)]
+        ctx.emit(out, dims, oi, ctx.load(x, xi))
     ctx.bind(out)
 
 
@@ -475,14 +510,24 @@ def top_k(ctx: Ctx) -> None:
 
 def _cumulative(op: str):
     def fn(ctx: Ctx) -> None:
+        """An inclusive scan along ``axis``. ``reverse=True`` (what JAX's transposition of
+        a cumulative sum emits) scans from the end: the same scan of the operand read
+        backwards, into a base that the result views backwards (as PyTorch's
+        ``flip(cumsum(flip(x)))`` is lowered); the same ops per element."""
         x = _as_view(ctx, ctx.args[0])
-        axis = ctx.params["axis"]
-        if ctx.params.get("reverse"):
-            raise JaxLoweringError(f"reverse cumulative {op}")
+        axis = ctx.params["axis"] % max(x.ndim, 1)
+        rev = bool(ctx.params.get("reverse"))
+        if rev:
+            x = JView(x.base, x.shape, tuple(-s if i == axis else s for i, s in enumerate(x.strides)),
+                      x.offset + (x.shape[axis] - 1) * x.strides[axis], x.dtype)
         out = ctx.output()
         dims = _dims(x.shape)
         idx = _vars(dims)
         ctx.emit(out, dims, idx, ctx.load(x, idx), reduce=op, scan=f"d{axis}")
+        if rev:
+            st = out.strides
+            out = JView(out.base, out.shape, tuple(-s if i == axis else s for i, s in enumerate(st)),
+                        (out.shape[axis] - 1) * st[axis], out.dtype)
         ctx.bind(out)
     return fn
 
@@ -515,14 +560,18 @@ def conv_general_dilated(ctx: Ctx) -> None:
     input element (one ``kr`` when ``d`` and ``D`` are coprime), ``x[s*yq + d*kq + c]``
     with ``c = (yr*s + kr*d - lo) / D``: one kernel per class (per combination of the
     spatial dimensions' classes), each writing its own outputs, the zeros between the
-    input elements never multiplied."""
+    input elements never multiplied.
+
+    Batch groups ``G`` (``batch_group_count``: what JAX's transposition emits for the
+    kernel gradient of a grouped convolution) split the input's batch instead of its
+    features: ``out[n, g*Co/G + o, y...] = sum over c, k... of lhs[g*N/G + n, c, ...] *
+    rhs[g*Co/G + o, c, k...]``, the output batch ``N/G``."""
     lhs, rhs = _as_view(ctx, ctx.args[0]), _as_view(ctx, ctx.args[1])
     p = ctx.params
     dn = p["dimension_numbers"]
     ls, rs, os_ = dn.lhs_spec, dn.rhs_spec, dn.out_spec
-    if p["batch_group_count"] != 1:
-        raise JaxLoweringError("conv_general_dilated with batch groups")
-    G = p["feature_group_count"]
+    Gb = int(p["batch_group_count"])
+    G = int(p["feature_group_count"]) * Gb         # XLA allows one of the two above 1
     out = ctx.output()
     nsp = len(ls) - 2
     n = out.shape[os_[0]]
@@ -560,9 +609,11 @@ def conv_general_dilated(ctx: Ctx) -> None:
             ctx.emit(out, lead + ydims, oi, Const(0.0))
             continue
         kdims = [(f"k{i}", -(-(ksz[i] - kr) // D[i])) for i, (_, kr, _) in enumerate(combo)]
-        li[ls[0]] = V("d0")
+        # batch groups (the kernel gradient of a grouped convolution): output feature
+        # group g reads the input's batch group g, lhs batch g*(N/G) + n
+        li[ls[0]] = V("g") * n + V("d0") if Gb > 1 else V("d0")
         ri[rs[0]] = V("g") * (co // G) + V("o")
-        li[ls[1]] = V("g") * ci_g + V("c")
+        li[ls[1]] = V("c") if Gb > 1 else V("g") * ci_g + V("c")
         ri[rs[1]] = V("c")
         guard = []
         for i, (yr, kr, c) in enumerate(combo):
@@ -600,6 +651,65 @@ def _reduce_window(op: str, identity):
                  reduce=op, guard=tuple(guard))
         ctx.bind(out)
     return fn
+
+
+@rule("select_and_scatter_add")
+def select_and_scatter_add(ctx: Ctx) -> None:
+    """The gradient of a max (``select_prim`` ``ge``) or min (``le``) window reduction:
+    ``out`` is zero, and each source element ``src[y]`` is added at the operand element
+    its window selects, the first maximum (minimum) in window order as XLA's select keeps
+    the current choice when ``ge`` holds; taps on padding are never selected. Three
+    steps: an arg-max (arg-min) over each window (one comparison per tap on the operand,
+    the forward pool's work), per windowed dimension the selected element's coordinate
+    ``y*s - lo + digit`` (a ``floordiv`` and/or ``mod`` of the window position and an
+    ``add`` per source element), and a scatter-add of the source into the zeroed output
+    (one add per source element)."""
+    src, x = _as_view(ctx, ctx.args[0]), _as_view(ctx, ctx.args[1])
+    p = ctx.params
+    name = getattr(p["select_prim"], "name", str(p["select_prim"]))
+    if name not in ("ge", "le"):
+        raise JaxLoweringError(f"select_and_scatter_add selecting with {name}")
+    win = [int(w) for w in p["window_dimensions"]]
+    st = [int(s) for s in p["window_strides"]]
+    lo = [int(a) for a, _ in p["padding"]]
+    # the selected tap: flat position in the window of its windowed (size > 1) dimensions
+    wd = [i for i, w in enumerate(win) if w > 1]
+    sel = ctx.low.new_base("select_pos", src.shape, "i64")
+    dims = [(f"d{i}", n) for i, n in enumerate(src.shape)] + [(f"w{i}", win[i]) for i in wd]
+    xi, guard = [], []
+    ext = dict(dims)
+    for i in range(x.ndim):
+        e = Aff.var(f"d{i}") * st[i] - lo[i] + (Aff.var(f"w{i}") if i in wd else 0)
+        xi.append(e)
+        a, b = e.bounds(ext)
+        if a < 0 or b >= x.shape[i]:
+            guard.append(Atom(e, 0, x.shape[i]))
+    ctx.emit(sel, dims, _vars(dims[:src.ndim]), ctx.load(x, xi),
+             reduce="argmax" if name == "ge" else "argmin", guard=tuple(guard))
+    # the selected element's coordinate in each windowed dimension
+    sdims = _dims(src.shape)
+    sv = _vars(sdims)
+    oi = []
+    for i in range(x.ndim):
+        base = sv[i] * st[i] - lo[i]
+        if i not in wd:
+            oi.append(base)
+            continue
+        inner = math.prod(win[j] for j in wd if j > i)
+        digit = ctx.load(sel, sv)
+        if inner > 1:
+            digit = Call("floordiv", (digit, Const(inner)))
+        if i != wd[0]:
+            digit = Call("mod", (digit, Const(win[i])))
+        pos = ctx.low.new_base(f"select_coord{i}", src.shape, "i64")
+        ctx.emit(pos, sdims, sv, Call("add", (Idx(base), digit)))
+        oi.append(ctx.load(pos, sv))
+    out = ctx.output()
+    odims = _dims(out.shape)
+    ctx.emit(out, odims, _vars(odims), Const(0.0))
+    ctx.low.add_kernel(Kernel(name=ctx.low.kernel_name(), dims=tuple(sdims), out=out.base,
+                              out_index=tuple(oi), body=ctx.load(src, sv), reduce="sum"))
+    ctx.bind(out)
 
 
 rule("reduce_window_max")(_reduce_window("max", None))
