@@ -65,7 +65,8 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     """
     if not _is_torch_module(module) and callable(module):
         return _analyze_jax(module, inputs, arch=arch, precision_policy=precision_policy,
-                            source=source, validate=validate, cache=cache, **validate_opts)
+                            source=source, validate=validate, cache=cache, train=train,
+                            optimizer=optimizer, **validate_opts)
     from .frontends.torch.capture import export_program, input_structure, state_structure
     from .frontends.torch.lower import lower
 
@@ -157,8 +158,13 @@ def _is_torch_module(obj) -> bool:
 
 def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
                  validate: bool = False, seed: int = 0, max_bytes=None, max_seconds=None,
-                 cache=None, **_ignored) -> Report:
-    """A JAX function (``fn(*args)``, args arrays or ``jax.ShapeDtypeStruct`` pytrees)."""
+                 cache=None, train: bool = False, optimizer=None, **_ignored) -> Report:
+    """A JAX function (``fn(*args)``, args arrays or ``jax.ShapeDtypeStruct`` pytrees).
+
+    ``train=True``: ``fn`` is a training step called as ``fn(params, opt_state, *batch)``
+    (the first argument's leaves are the parameters, the second's the optimizer's state;
+    ``frontends/jax/train.py``); ``optimizer``, a name for the report (default: from the
+    state's types)."""
     try:
         from .frontends.jax.lower import lower
     except ImportError as e:
@@ -176,7 +182,12 @@ def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
     if precision_policy is None:
         precision_policy = "tf32"
     t0 = time.perf_counter()
-    lowered = lower(fn, tuple(args))
+    if train and optimizer is not None and not isinstance(optimizer, str):
+        from .frontends.contract import FrontendError
+        raise FrontendError("train=True with a JAX step: the optimizer is the step's own "
+                            "code; optimizer= only names it (a string)")
+    lowered = lower(fn, tuple(args), train=train, optimizer=optimizer) if train \
+        else lower(fn, tuple(args))
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"export_s": time.perf_counter() - t0}, cache=cache)
     if validate:
@@ -211,7 +222,8 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
     if jax_example is not None:
         fn, args = jax_example
         return _analyze_jax(fn, args, arch=arch, precision_policy=precision_policy, source=spec,
-                            validate=validate, cache=cache, **validate_opts)
+                            validate=validate, cache=cache, train=train, optimizer=optimizer,
+                            **validate_opts)
     from .frontends.torch.capture import load_problem
 
     problem = load_problem(spec)

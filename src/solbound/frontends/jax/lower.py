@@ -196,9 +196,12 @@ CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_v
 
 
 class JaxLowering:
-    def __init__(self, closed, arg_names: list[str]):
+    def __init__(self, closed, arg_names: list[str], roles: list[str] | None = None,
+                 phases: list[str] | None = None):
         self.closed = closed
         self.arg_names = arg_names
+        self.roles = roles or ["input"] * len(arg_names)     # per argument leaf
+        self.phases = phases                                 # per top-level equation (a step)
         self.env: dict = {}
         self.tensors: dict[str, TensorDecl] = {}
         self.kernels: list[Kernel] = []
@@ -265,8 +268,8 @@ class JaxLowering:
         jaxpr = self.closed.jaxpr
         self.read_vars = _read_vars(jaxpr)
         inputs = []
-        for var, name in zip(jaxpr.invars, self.arg_names):
-            v = self.new_base(name, *aval_ir(var.aval), "input")
+        for var, name, role in zip(jaxpr.invars, self.arg_names, self.roles):
+            v = self.new_base(name, *aval_ir(var.aval), role)
             self.env[var] = v
             inputs.append({"name": name, "ir": v.base})
         self._consts(jaxpr.constvars, self.closed.consts)
@@ -276,6 +279,8 @@ class JaxLowering:
             self._group = (f"e{i}", f"jax.{label}", _src(eqn))
             self.groups.setdefault(f"e{i}", {"name": f"jax.{label}", "src": _src(eqn),
                                              "module": ""})
+            if self.phases is not None:
+                self.groups[f"e{i}"]["phase"] = self.phases[i]
             self._path = [i]
             self.lower_eqn(eqn)
             for j, var in enumerate(eqn.outvars):     # where each top-level value lives
@@ -678,8 +683,9 @@ def _read_vars(jaxpr, acc=None):
 
 
 
-def trace(fn, args) -> tuple[Any, list[str]]:
-    """(closed jaxpr, a name per flattened argument leaf) of ``fn(*args)`` on abstract values."""
+def trace(fn, args, leaf_args: list | None = None) -> tuple[Any, list[str]]:
+    """(closed jaxpr, a name per flattened argument leaf) of ``fn(*args)`` on abstract values.
+    ``leaf_args``, when given, receives the index of the argument each leaf belongs to."""
     import jax
     leaves, tree = jax.tree_util.tree_flatten_with_path(args)
     abstract = jax.tree_util.tree_map(
@@ -694,17 +700,67 @@ def trace(fn, args) -> tuple[Any, list[str]]:
                             f"{msg[0] if msg else ''}") from None
     names = []
     for path, _ in leaves:
+        if leaf_args is not None:
+            leaf_args.append(getattr(path[0], "idx", 0) if path else 0)
         key = "_".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
                        for k in path)
         names.append(re.sub(r"\W", "_", key) or "arg")
     return closed, names
 
 
-def lower(fn, args) -> LoweredProgram:
-    """The loop IR of ``fn(*args)`` (``args``: arrays or ``jax.ShapeDtypeStruct`` pytrees)."""
+def lower(fn, args, train: bool = False, optimizer: str | None = None) -> LoweredProgram:
+    """The loop IR of ``fn(*args)`` (``args``: arrays or ``jax.ShapeDtypeStruct`` pytrees).
+
+    ``train=True``: ``fn`` is a training step, ``fn(params, opt_state, *batch)``
+    (``frontends/jax/train.py``): parameters and optimizer state get their roles, every
+    operator its phase, and ``lowered.training`` the step's gradients and state."""
     from . import rules  # noqa: F401  (registers the rules)
-    closed, names = trace(fn, args)
-    return JaxLowering(closed, names).run()
+    if not train:
+        closed, names = trace(fn, args)
+        return JaxLowering(closed, names).run()
+    import jax
+    from . import train as step
+    if len(args) < 2:
+        raise FrontendError("train=True: a JAX step is called as step(params, opt_state, "
+                            "*batch): the first argument holds the parameters, the second "
+                            "the optimizer's state")
+    which: list = []
+    closed, names = trace(fn, args, which)
+    closed = step.unwrap(closed)
+    jaxpr = closed.jaxpr
+    roles = ["parameter" if a == 0 else "buffer" if a == 1 else "input" for a in which]
+    phase = step.phases(jaxpr)
+    low = JaxLowering(closed, names, roles, phase).run()
+    params = [(i, v) for i, (v, a) in enumerate(zip(jaxpr.invars, which)) if a == 0]
+    found = step.gradients(jaxpr, phase, [v for _, v in params])
+    grads, trained, unused = {}, [], []
+    dotted = [_leaf_name(path) for path, _ in jax.tree_util.tree_flatten_with_path(args[0])[0]]
+    for pi, (i, _) in enumerate(params):
+        name = dotted[pi]
+        where = found.get(pi)
+        ir = low.values.get(where, {}).get("ir") if where is not None else None
+        if ir is None:
+            unused.append(name)
+            continue
+        grads[name] = ir
+        trained.append(name)
+    state = [spec["ir"] for spec, a in zip(low.inputs, which) if a == 1
+             and spec["ir"] in low.program.tensor_map]
+    low.training = {"optimizer": optimizer or step.optimizer_name(args[1]),
+                    "gradients": grads, "optimizer_state": state, "trained": trained,
+                    "stepped": trained, "frozen": [], "unused": unused, "defaults": {}}
+    if unused:
+        low.program = Program(low.program.tensors, low.program.kernels, low.program.notes + (
+            f"the loss does not depend on {', '.join(unused)}: no gradient reaches the "
+            f"optimizer (JAX's gradient is zeros, which the step still applies)",))
+    return low
+
+
+def _leaf_name(path) -> str:
+    """A parameter's name from its path in the parameters' pytree, dotted as PyTorch
+    names parameters (``{"fc1": {"weight": ...}}`` -> ``fc1.weight``)."""
+    return ".".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k))))
+                    for k in path) or "params"
 
 
 __all__ = ["lower", "trace", "RULES", "rule", "Ctx", "JView", "JaxLoweringError"]
