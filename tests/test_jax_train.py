@@ -194,3 +194,31 @@ def test_a_step_without_gradient_and_a_parameter_without_one():
     # the cotangent seed (a broadcast of 1.0 that carries no name) is the backward's
     assert [g["phase"] for g in rep.lowered.groups.values()] == \
         ["forward"] * 2 + ["backward"] * 3 + ["optimizer"] * 5
+
+
+STEP_FILE = '''
+import jax, jax.numpy as jnp, optax
+S = jax.ShapeDtypeStruct
+tx = optax.sgd(0.1)
+def loss_fn(p, b):
+    x, y = b
+    return jnp.mean((x @ p["w"] - y) ** 2)
+def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return loss, optax.apply_updates(params, updates), opt_state
+def example():
+    params = {"w": S((8, 4), jnp.float32)}
+    return step, (params, tx.init(params), (S((3, 8), jnp.float32), S((3, 4), jnp.float32)))
+'''
+
+
+def test_a_file_whose_example_is_a_step_analyzes_with_train(tmp_path):
+    f = tmp_path / "step.py"
+    f.write_text(STEP_FILE)
+    rep = solbound.analyze_source(str(f), train=True)
+    d = rep.to_dict()
+    # forward: x @ w and the squared error; backward: dW = x^T g
+    assert {k: v["macs"] for k, v in d["phases"].items()} == \
+        {"forward": 3 * 8 * 4 + 3 * 4, "backward": 8 * 4 * 3, "optimizer": 0}
+    assert d["memory"]["parameters"] == d["memory"]["gradients"] == 4 * 32
