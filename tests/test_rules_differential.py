@@ -176,6 +176,9 @@ case("pad", lambda s, x: F.pad(x, (1, 2, 0, 3), value=0.5), [((3, 5),), ((2, 7, 
 case("pad-crop", lambda s, x: F.pad(x, (-1, 2)), [((3, 5),), ((2, 7, 3),)])
 case("constructors", lambda s, x: x + torch.ones_like(x) * 2 + torch.zeros(x.shape[-1]) +
      torch.full((x.shape[-1],), 1.5) + torch.arange(x.shape[-1]), [((3, 5),), ((2, 7, 3),)])
+# .item() of a one-element tensor used as a number (an optimizer's step size from its
+# step counter): the tensor read as a broadcast operand
+case("item-scale", lambda s, x: x * (x.sum() * 0.1 + 1.0).item(), [((3, 5),), ((2, 7, 3),)])
 case("arange-float", lambda s, x: x * torch.arange(0.5, x.shape[-1] * 0.5 + 0.5, 0.5), [((3, 5),), ((2, 7, 3),)])
 case("tril-triu", lambda s, x: torch.tril(x, -1) + torch.triu(x, 1), [((5, 5),), ((2, 4, 6),)])
 def _views(x):

@@ -112,7 +112,9 @@ def program_dtypes(g: Graph) -> dict[str, str]:
     library kernel it stands for runs at the precision of the operator's own inputs.
     A tensor produced inside an operator therefore carries the narrowest float
     precision of what its kernel reads, through the operator's own intermediates, down
-    to the tensors the operator receives. Constants (no float reads) carry none.
+    to the tensors the operator receives, or its own when that is narrower (a
+    ``linear`` under ``torch.autocast`` casts its fp32 operands to bf16 and multiplies
+    in bf16). Constants (no float reads) carry none.
     """
     tensors = g.program.tensor_map
     origin: dict[str, str] = {}
@@ -127,6 +129,9 @@ def program_dtypes(g: Graph) -> dict[str, str]:
             if dt in _WIDTH and (best is None or _WIDTH[dt] < _WIDTH[best]):
                 best = dt
         for o in k.outputs:
+            own = tensors[o].dtype
+            if best is not None and own in _WIDTH and _WIDTH[own] < _WIDTH[best]:
+                best = own          # a narrowing cast inside the operator (autocast's)
             if best is not None and tensors[o].dtype in _WIDTH:
                 prev = origin.get(o)
                 origin[o] = best if prev is None or _WIDTH[best] < _WIDTH[prev] else prev

@@ -195,6 +195,13 @@ def _joint(ep):
     from torch.export.exported_program import _decompose_exported_program
     from torch.export.experimental import _copy_graph_module_and_signature, _remove_detach_pass
     from .capture import _decomp_table
+    if any(n.op == "call_function" and "autocast" in str(n.target) for n in ep.graph.nodes):
+        # autocast regions (higher-order ops of the exported forward) applied first, as
+        # the casts they make: AOTAutograd's joint trace of the region loses autocast
+        # part way through (transformers' MLP after the attention came out fp32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = ep.run_decompositions({})
     j = _decompose_exported_program(ep, cia_to_decomp={}, python_decomp_table={},  # noqa
                                     joint_loss_index=0, decompose_custom_triton_ops=False)
     joint_names = {n.name: n.target for n in j.graph.nodes}
