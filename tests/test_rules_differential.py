@@ -471,6 +471,12 @@ def test_every_rule_is_differentially_tested():
         for shapes in shapes_list:
             used |= lowered_for(name, fn, shapes, mods, make)[3].rules_used
     used |= lower(export_program(RANDOM, (torch.randn(3, 5),), "rand")).rules_used
+    # backward operators of a training step: validated against PyTorch's own step in
+    # tests/test_train.py (test_conv_pool_step_closed_form_and_validation)
+    from solbound.frontends.torch.train import export_train_step
+    from test_train import conv_step_inputs
+    m, inp = conv_step_inputs()
+    used |= lower(export_train_step(m, inp, "conv", optimizer_name="SGD")).rules_used
     all_rules = {f.rule_id for f in RULES.values()}
     assert all_rules - used == set()
 

@@ -296,3 +296,121 @@ def test_autocast_step_multiplies_in_bf16_with_fp32_master_weights():
     fmm = [k for k in frep.counts.kernels if k.opname in ("aten.mm", "aten.addmm")]
     assert {k.dtype for k in fmm} == {"bf16"}
     assert sum(k.macs for k in fmm) == sum(k.macs for k in mm)
+
+
+class _ConvPool(nn.Module):
+    """conv (padding 1) -> relu -> 2x2 max-pool -> grouped strided conv -> relu -> linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.c2 = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2)
+        self.fc = nn.Linear(6 * 4 * 4, 5)
+
+    def forward(self, x, y):
+        h = nn.functional.max_pool2d(torch.relu(self.c1(x)), 2)
+        h = torch.relu(self.c2(h))
+        return nn.functional.cross_entropy(self.fc(h.flatten(1)), y)
+
+
+def conv_step_inputs():
+    torch.manual_seed(0)
+    return _ConvPool(), (torch.randn(2, 3, 16, 16), torch.randint(0, 5, (2,)))
+
+
+def _taps(n_out, k, s, pad, n_in):
+    """In-bounds taps summed over output positions along one dimension."""
+    return sum(1 for p in range(n_out) for r in range(k) if 0 <= p * s + r - pad < n_in)
+
+
+def test_conv_pool_step_closed_form_and_validation():
+    """The convolution's backward (input gradient as the transposed convolution over the
+    taps that exist, weight gradient as a correlation) and max-pooling's (the gradient
+    added where the forward's window maximum was), validated against PyTorch."""
+    m, inp = conv_step_inputs()
+    rep = solbound.analyze(m, inp, arch="h100-sxm", train=True, optimizer="SGD",
+                           validate=True)
+    assert not rep.unsupported
+    assert rep.validation["status"] == "passed", rep.validation
+    assert {"aten.convolution_backward", "aten.max_pool2d_with_indices_backward"} \
+        <= rep.lowered.rules_used
+    N = 2
+    c1 = N * 4 * 3 * _taps(16, 3, 1, 1, 16) ** 2          # 2 x 4 out x 3 in channels
+    c2 = N * 6 * 2 * _taps(4, 3, 2, 1, 8) ** 2            # groups 2: 2 input channels each
+    fc = N * 96 * 5
+    ce = N                                                # the picked log-probabilities
+    ph = rep.training["phases"]
+    assert ph["forward"]["macs"] == c1 + c2 + fc + ce
+    # dW and dX of c2 and fc, dW of c1 (no gradient for the image)
+    assert ph["backward"]["macs"] == 2 * c2 + c1 + 2 * fc
+
+
+def test_step_memory_against_dram_capacity_in_provision_and_project():
+    """A 2.4e9-parameter layer (built under a FakeTensorMode: nothing allocated) trained
+    with AdamW: parameters, gradients and two moments are 16 bytes per parameter, more
+    than an RTX 4090's 24 GB and less than an H100's 80 GB."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from solbound.bounds.provision import projection, provision
+    n = 49152
+    with FakeTensorMode(shape_env=ShapeEnv(tracked_fakes=[]), allow_non_fake_inputs=True):
+        m = nn.Linear(n, n, bias=False)
+        inp = (torch.randn(4, n), torch.randn(4, n))
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = m
+
+        def forward(self, x, target):
+            return nn.functional.mse_loss(self.lin(x), target)
+    rep = solbound.analyze(Step(), inp, arch="h100-sxm,rtx-4090", train=True)
+    mem = rep.training["memory"]
+    P = n * n
+    assert mem["parameters"] == 4 * P and mem["gradients"] == 4 * P
+    assert mem["optimizer_state"] == 4 * (2 * P + 1)
+    assert mem["fits"]["h100-sxm"]["fits"] is True
+    assert mem["fits"]["rtx-4090"]["fits"] is False
+    doc = provision(rep, 1.0)
+    assert doc["dram_capacity"] == mem["total"]
+    assert {r["arch"]: r["fits_dram"] for r in doc["chips"]} == {"h100-sxm": True,
+                                                                 "rtx-4090": False}
+    assert not any(r["meets"] for r in doc["chips"] if r["arch"] == "rtx-4090")
+    assert {r["arch"]: r["fits_dram"] for r in projection(rep)} == {"h100-sxm": True,
+                                                                    "rtx-4090": False}
+
+
+def test_mixtral_step_closed_form_and_validation():
+    """A mixture of experts: each token's k experts evaluated once (transformers'
+    batched dispatch while tracing, a stated assumption), the router's products, and in
+    the backward two products per forward product (the router's included: its gradient
+    flows back through the routing weights)."""
+    import transformers
+    c = transformers.MixtralConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, num_local_experts=4,
+                                   num_experts_per_tok=2)
+    torch.manual_seed(0)
+    m = transformers.MixtralForCausalLM(c)
+    T = 16
+    ids = torch.randint(0, c.vocab_size, (1, T))
+    rep = solbound.analyze(_Labels(m), (ids, ids), arch="h100-sxm", train=True,
+                           validate=True)
+    assert not rep.unsupported
+    assert rep.validation["status"] == "passed", rep.validation
+    D, F, L, V, E, K = (c.hidden_size, c.intermediate_size, c.num_hidden_layers,
+                        c.vocab_size, c.num_local_experts, c.num_experts_per_tok)
+    hd = D // c.num_attention_heads
+    kv = c.num_key_value_heads * hd
+    dense = L * (T * D * (D + 2 * kv + D) + T * D * E) + T * D * V   # projections, router
+    experts = L * T * K * 3 * D * F
+    tri = L * 2 * c.num_attention_heads * (T * (T + 1) // 2) * hd
+    phase = {op: g.get("phase") for op, g in rep.lowered.groups.items()}
+
+    def products(ph, name):
+        return sum(k.macs for k in rep.counts.kernels
+                   if phase[k.op] == ph and k.opname == name)
+    assert products("forward", "aten.mm") == dense
+    assert products("forward", "aten.bmm") == experts + tri
+    assert products("backward", "aten.mm") == 2 * dense
+    assert products("backward", "aten.bmm") == 2 * experts + 2 * tri

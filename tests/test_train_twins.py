@@ -168,10 +168,6 @@ def test_conv_net_step_in_jax_counts_in_closed_form():
     assert j.counts.fused.bytes == 4 * (2 * P + 3 * 64 + pooled + 1)
 
 
-@pytest.mark.xfail(strict=True, reason="PyTorch's step has no lowering rule for "
-                   "aten.convolution_backward and aten.max_pool2d_with_indices_backward "
-                   "(core ATen ops AOTAutograd emits for Conv2d and max_pool2d), so its "
-                   "backward is not counted; JAX's side counts in closed form above")
 def test_conv_net_step_twins():
     t = _torch_step(_ConvNet(), (torch.randn(1, 3, 8, 8), torch.randn(1, 8, 2, 2)))
     j = _jax_step(_conv_loss, CONV_PARAMS, CONV_BATCH, validate=False)

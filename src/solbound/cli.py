@@ -295,6 +295,10 @@ def cmd_provision(a) -> int:
                       r["binding"], f"{r['shortfall']:.3g}", f"{r['factors']['bandwidth']:.3g}",
                       f"{comp:.3g}")
         con.print(t)
+    if "dram_capacity" in doc:
+        short = sorted({r["arch"] for r in doc["chips"] if r.get("fits_dram") is False})
+        con.print(f"the training step needs {_size(doc['dram_capacity'])} of DRAM"
+                  + (f"; it does not fit on: {', '.join(short)}" if short else ""))
     curve = ", ".join(f"{_size(c['capacity'])}: {c['bandwidth'] / 1e9:.4g} GB/s"
                       for c in doc["cache_curve"])
     con.print(f"cache-aware bandwidth needed by on-chip capacity: {curve}")
@@ -322,13 +326,17 @@ def cmd_project(a) -> int:
     t.add_column("arch")
     for m in FIDELITIES:
         t.add_column(m, justify="right")
-    for col in ("fusion benefit", "cache penalty", "binds (fused)"):
+    step = any("fits_dram" in r for r in rows)
+    for col in ("fusion benefit", "cache penalty", "binds (fused)") + (("fits DRAM",) if step
+                                                                       else ()):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(r["arch"], *[f"{r['seconds'][m] * 1e3:.4g} ms" if m in r["seconds"] else "-"
                                for m in FIDELITIES],
                   f"{r.get('fusion_benefit', 0):.3g}x", f"{r.get('cache_penalty', 0):.3g}x",
-                  r.get("binding", "-"))
+                  r.get("binding", "-"),
+                  *((("yes" if r["fits_dram"] else "NO") if r.get("fits_dram") is not None
+                     else "-",) if step else ()))
     Console(emoji=False, highlight=False).print(t)
     return 0
 

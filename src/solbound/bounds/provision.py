@@ -106,12 +106,30 @@ def cache_curve(report, target: float) -> list[dict]:
              "bandwidth": pc.traffic(c).bytes / target} for c in pc.capacities()]
 
 
+def _fits(report) -> dict | None:
+    """A training step's resident bytes against each chip's DRAM capacity (``None`` for a
+    program that is not a step): ``{arch: {"capacity", "fits"}}``."""
+    tr = getattr(report, "training", None)
+    return tr["memory"]["fits"] if tr else None
+
+
 def provision(report, target: float) -> dict:
-    """The ``solbound.provision/1`` document."""
-    return {"schema": SCHEMA, "source": report.source, "target_seconds": target,
-            "requirements": requirements(report, target),
-            "chips": chips(report, target),
-            "cache_curve": cache_curve(report, target)}
+    """The ``solbound.provision/1`` document. A training step adds the least DRAM capacity
+    it needs (its resident bytes) and whether each chip has it; a chip that meets the time
+    but not the capacity does not meet the target."""
+    doc = {"schema": SCHEMA, "source": report.source, "target_seconds": target,
+           "requirements": requirements(report, target),
+           "chips": chips(report, target),
+           "cache_curve": cache_curve(report, target)}
+    fits = _fits(report)
+    if fits is not None:
+        doc["dram_capacity"] = report.training["memory"]["total"]
+        for r in doc["chips"]:
+            f = fits.get(r["arch"], {})
+            r["fits_dram"] = f.get("fits")
+            if f.get("fits") is False:
+                r["meets"] = False
+    return doc
 
 
 def projection(report) -> list[dict]:
@@ -128,6 +146,9 @@ def projection(report) -> list[dict]:
             if "cache-aware" in bs:
                 row["cache_penalty"] = bs["cache-aware"].seconds / fused.seconds
             row["binding"] = binding_resource(fused)
+        fits = _fits(report)
+        if fits is not None:
+            row["fits_dram"] = fits.get(spec.id, {}).get("fits")
         out.append(row)
     return out
 

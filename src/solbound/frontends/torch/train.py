@@ -96,7 +96,12 @@ def _loss_forward(model, source: str):
         return loss
 
     try:
-        forward.__signature__ = inspect.signature(orig)
+        # the inputs' placeholders are named after these parameters: prefixed, so that
+        # none is named like an ATen op (an input ``t`` collides with AOTAutograd's
+        # transpose nodes ``t_1``...: a KeyError inside the joint trace)
+        sig = inspect.signature(orig)
+        forward.__signature__ = sig.replace(parameters=[
+            q.replace(name=f"input_{q.name}") for q in sig.parameters.values()])
     except (TypeError, ValueError):
         pass
     model.forward = forward
