@@ -414,3 +414,30 @@ def test_mixtral_step_closed_form_and_validation():
     assert products("forward", "aten.bmm") == experts + tri
     assert products("backward", "aten.mm") == 2 * dense
     assert products("backward", "aten.bmm") == 2 * experts + 2 * tri
+
+
+def test_masked_fill_attention_backward_keeps_the_mask():
+    """Attention written by hand, ``scores.masked_fill(~tril, -inf)``: masked_fill's
+    gradient ``where(~tril, 0, dS)`` is zero outside the triangle (dS is, and the mask's
+    complement says so), so dQ and dK are triangles like dV and dP."""
+    T, E = 12, 8
+
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (nn.Linear(E, E, bias=False) for _ in range(3))
+
+        def forward(self, x, y):
+            s = self.q(x) @ self.k(x).transpose(-1, -2)
+            s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+            return nn.functional.mse_loss(torch.softmax(s, -1) @ self.v(x), y)
+    torch.manual_seed(0)
+    rep = solbound.analyze(Attn(), (torch.randn(T, E), torch.randn(T, E)), arch="h100-sxm",
+                           train=True, optimizer="SGD", validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    phase = {op: g.get("phase") for op, g in rep.lowered.groups.items()}
+    tri = T * (T + 1) // 2 * E
+    mm = sorted(k.macs for k in rep.counts.kernels
+                if k.opname == "aten.mm" and phase[k.op] == "backward")
+    # dV, dP, dQ, dK on the triangle; the three weight gradients (no dX: x is an input)
+    assert mm == sorted([tri] * 4 + [T * E * E] * 3)

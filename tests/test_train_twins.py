@@ -95,10 +95,8 @@ class _Attention(nn.Module):
 
 def test_attention_step_twins():
     # PyTorch's side is SDPA with is_causal (its training step keeps the mask in all four
-    # backward products). Written by hand there with masked_fill(~tril, -inf), PyTorch's
-    # step counts dQ and dK dense (576 MACs each here instead of 336): the known-value
-    # pass does not carry the mask through masked_fill's backward in the joint graph; JAX's
-    # hand-written mask keeps all four triangles
+    # backward products; a hand-written masked_fill(~tril, -inf) does too, see
+    # tests/test_train.py::test_masked_fill_attention_backward_keeps_the_mask)
     B, N, D = 2, 6, 8
     t = _torch_step(_Attention(D), (torch.randn(B, N, D), torch.randn(B, N, D)))
 

@@ -349,19 +349,33 @@ def _apply_masked(op: str, args: list):
     return UNKNOWN
 
 
+def _complement(x: tuple, y: tuple) -> bool:
+    """One-atom regions that are each other's complement (``e < h`` and ``e >= h``)."""
+    if len(x) != 1 or len(y) != 1 or x[0].expr != y[0].expr:
+        return False
+    a, b = x[0], y[0]
+    return (a.lo is None and b.hi is None and a.hi == b.lo) or \
+        (a.hi is None and b.lo is None and a.lo == b.hi)
+
+
 def _eval_call(op: str, args: list):
     """``op(args)``, splitting on the first conditional argument."""
     for pos, a in enumerate(args):
         if isinstance(a, Cond):
             # arguments conditional on the same region take their own side of it
-            # (``p*g - p*s`` with both products zero outside a triangle is zero there)
-            inside = _eval_call(op, [b.t if isinstance(b, Cond) and b.atoms == a.atoms
-                                     else b for b in args[:pos]] + [a.t]
-                                + [b.t if isinstance(b, Cond) and b.atoms == a.atoms else b
-                                   for b in args[pos + 1:]])
-            outside = _eval_call(op, [a.f if b is a else
-                                      (b.f if isinstance(b, Cond) and b.atoms == a.atoms else b)
-                                      for b in args])
+            # (``p*g - p*s`` with both products zero outside a triangle is zero there),
+            # on its complement the other side (``where(~tril, 0, dS)``: masked_fill's
+            # gradient, with dS zero outside the triangle)
+            def side(b, inside: bool):
+                if b is a:
+                    return a.t if inside else a.f
+                if isinstance(b, Cond) and b.atoms == a.atoms:
+                    return b.t if inside else b.f
+                if isinstance(b, Cond) and _complement(b.atoms, a.atoms):
+                    return b.f if inside else b.t
+                return b
+            inside = _eval_call(op, [side(b, True) for b in args])
+            outside = _eval_call(op, [side(b, False) for b in args])
             if isinstance(outside, Cond):
                 return UNKNOWN      # not of the form "outside a region, a constant"
             return _cond(a.atoms, inside, outside)
