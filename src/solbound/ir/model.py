@@ -11,6 +11,8 @@ dimension.
 
 from __future__ import annotations
 
+import functools
+
 import math
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Union
@@ -385,8 +387,11 @@ class Program:
     # free-form notes the frontend attaches (assumptions, e.g. indirect traffic)
     notes: tuple[str, ...] = field(default=())
 
-    @property
+    @functools.cached_property
     def tensor_map(self) -> dict[str, TensorDecl]:
+        """Name -> declaration, built once per program (passes ask for it per kernel;
+        rebuilding it each time made lowering quadratic in the program's size). Do not
+        modify it: a program is immutable."""
         return {t.name: t for t in self.tensors}
 
     def by_role(self, *roles: str) -> list[TensorDecl]:
