@@ -157,3 +157,100 @@ def test_diffusers_unet_noise_prediction_step_closed_form_and_validation():
     scores = sum(N * (c // hd) * t * t * hd for _, c, t in attns)
     assert products("forward", ("aten.bmm",)) == 2 * scores
     assert products("backward", ("aten.bmm",)) == 4 * scores
+
+
+# ---------------------------------------------------------------- Flax CNN with optax (JAX)
+
+FLAX_CNN = dict(convs=((8, 3, 1), (16, 3, 2)), pool=2, hidden=32, classes=10)
+
+
+def _same(n, k, s):
+    """XLA's 'SAME' padding along one dimension: output ``ceil(n / s)``, the total padding
+    ``max((out - 1) s + k - n, 0)`` split with the smaller half before."""
+    out = -(-n // s)
+    return out, max((out - 1) * s + k - n, 0) // 2
+
+
+def test_flax_cnn_step_with_optax_adam_closed_form_and_validation():
+    """A ``flax.linen`` CNN (3x3 convolutions with 'SAME' padding, the second strided, a
+    2x2 max-pool between, two dense layers) trained one optax Adam step on softmax
+    cross-entropy with integer labels, analyzed as the function that is the step. From the
+    config: each convolution's products over the taps 'SAME' padding leaves in bounds
+    (the strided one pads only after: its last row and column of windows are short), each
+    dense layer's; the backward is the kernel gradient of every layer and the input
+    gradient of every layer but the first (the max-pool's gradient routes, it does not
+    multiply; the cross-entropy's gradient at the labels is a gather and a subtraction)."""
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    optax = pytest.importorskip("optax")
+    nn_ = pytest.importorskip("flax.linen")
+    import numpy as np
+    c = FLAX_CNN
+
+    class CNN(nn_.Module):
+        @nn_.compact
+        def __call__(self, x):
+            (f1, k1, s1), (f2, k2, s2) = c["convs"]
+            x = nn_.relu(nn_.Conv(f1, (k1, k1), strides=(s1, s1), padding="SAME")(x))
+            x = nn_.max_pool(x, (c["pool"],) * 2, strides=(c["pool"],) * 2)
+            x = nn_.relu(nn_.Conv(f2, (k2, k2), strides=(s2, s2), padding="SAME")(x))
+            x = nn_.relu(nn_.Dense(c["hidden"])(x.reshape(x.shape[0], -1)))
+            return nn_.Dense(c["classes"])(x)
+
+    N, H, W, C = 4, 16, 12, 3
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((N, H, W, C)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, c["classes"], (N,)), jnp.int32)
+    model = CNN()
+    params = model.init(jax.random.key(0), x)
+    tx = optax.adam(1e-3)
+
+    def loss_fn(p, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y).mean()
+
+    def step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return loss, optax.apply_updates(params, updates), opt_state
+
+    rep = solbound.analyze(step, (params, tx.init(params), x, y), arch="h100-sxm",
+                           train=True, validate=True)
+    assert rep.lowered.unsupported == []
+    assert rep.validation["status"] == "passed", rep.validation
+    tr = rep.lowered.training
+    assert "ScaleByAdamState" in tr["optimizer"] and tr["unused"] == []
+    assert sorted(tr["gradients"]) == sorted(
+        f"params.{m}.{leaf}" for m in ("Conv_0", "Conv_1", "Dense_0", "Dense_1")
+        for leaf in ("bias", "kernel"))
+
+    # the closed form
+    cin, hw, layers = C, (H, W), []
+    for i, (f, k, s) in enumerate(c["convs"]):
+        t, out = 1, []
+        for n in hw:
+            o, lo = _same(n, k, s)
+            t *= _taps(o, k, s, lo, n)
+            out.append(o)
+        layers.append(N * f * cin * t)
+        cin, hw = f, tuple(out)
+        if i == 0:
+            hw = tuple(n // c["pool"] for n in hw)
+    flat = cin * hw[0] * hw[1]
+    layers += [N * flat * c["hidden"], N * c["hidden"] * c["classes"]]
+    ph = rep.training["phases"]
+    assert ph["forward"]["macs"] == sum(layers)
+    assert ph["backward"]["macs"] == 2 * sum(layers) - layers[0]
+    assert ph["optimizer"]["macs"] == 0
+    convs = [k for k in rep.counts.kernels if k.matrix_class == "conv"]
+    assert sum(k.macs for k in convs) == 3 * sum(layers[:2]) - layers[0]
+
+    # parameters, Adam's two moments and its int32 count; fused: each read once and its
+    # update written once, the batch read, the loss written
+    P = sum(int(np.prod(a.shape)) for a in jax.tree_util.tree_leaves(params))
+    assert P == sum(k * k * ci * f + f for (f, k, _), ci in
+                    zip(c["convs"], (C, c["convs"][0][0]))) \
+        + flat * c["hidden"] + c["hidden"] + c["hidden"] * c["classes"] + c["classes"]
+    mem = rep.training["memory"]
+    assert mem["parameters"] == mem["gradients"] == 4 * P
+    assert mem["optimizer_state"] == 4 * (2 * P + 1)
+    assert rep.counts.fused.bytes == 4 * (2 * P + 2 * (2 * P + 1) + N * H * W * C + N + 1)
