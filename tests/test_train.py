@@ -441,3 +441,29 @@ def test_masked_fill_attention_backward_keeps_the_mask():
                 if k.opname == "aten.mm" and phase[k.op] == "backward")
     # dV, dP, dQ, dK on the triangle; the three weight gradients (no dX: x is an input)
     assert mm == sorted([tri] * 4 + [T * E * E] * 3)
+
+
+def test_checkpointed_regions_are_noted_not_counted():
+    """transformers' gradient checkpointing: the step's counts are those of the step
+    without it (the bound counts no recomputation), and each checkpointed layer is named
+    in a note with the forward work its recomputation asks for."""
+    m, c = _llama()
+    ids = torch.randint(0, c.vocab_size, (1, 16))
+    plain = solbound.analyze(_Labels(m), (ids, ids), arch="h100-sxm", train=True,
+                             optimizer="SGD")
+    m.gradient_checkpointing_enable()
+    rep = solbound.analyze(_Labels(m), (ids, ids), arch="h100-sxm", train=True,
+                           optimizer="SGD")
+    assert rep.counts.macs == plain.counts.macs
+    rec = rep.lowered.training["recompute"]
+    assert [r["region"] for r in rec] == [f"m.model.layers.{i}" for i in range(2)]
+    T, D, F = 16, c.hidden_size, c.intermediate_size
+    kv = c.num_key_value_heads * D // c.num_attention_heads
+    linear = T * D * D + 2 * T * D * kv + T * D * D + 3 * T * D * F
+    # the layer's products, its two RMSNorms' sums of squares, and attention dense: the
+    # boolean mask the layer receives is known by shape only there (an upper estimate,
+    # which the record states)
+    H = c.num_attention_heads
+    dense = linear + 2 * T * D + 2 * H * T * T * (D // H)
+    assert all(r["macs"] == dense and r["calls"] == 1 and r["masks_as_data"] for r in rec)
+    assert sum("checkpointed region m.model.layers.0" in n for n in rep.program.notes) == 1

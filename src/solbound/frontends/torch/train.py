@@ -577,6 +577,150 @@ def _forward_nodes(graph, sig) -> set:
     return seen
 
 
+# --- activation checkpointing ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _checkpoint_calls(record: list):
+    """Record every ``torch.utils.checkpoint`` region the forward runs (reentrant or not;
+    transformers' gradient checkpointing included): its function and argument shapes.
+    Tracing goes through the region once, so the joint graph holds no recomputation."""
+    import torch
+    import torch.utils.checkpoint as ck
+    from torch.utils._pytree import tree_map
+
+    def spec(v):
+        if isinstance(v, torch.Tensor):
+            return _TensorSpec(tuple(int(s) for s in v.shape), v.dtype)
+        return v
+    orig_gen, orig_cf = ck._checkpoint_without_reentrant_generator, ck.CheckpointFunction
+
+    import functools
+
+    def shaped(fn):
+        """A partial's bound tensors (transformers binds the mask and the rotary tables)
+        as shapes too: the traced values do not outlive the trace."""
+        if isinstance(fn, functools.partial):
+            return ("partial", fn.func, tuple(tree_map(spec, list(fn.args))),
+                    tree_map(spec, dict(fn.keywords)))
+        return fn
+
+    import inspect
+    # the generator's leading options (preserve_rng_state, context_fn, ... early_stop in
+    # torch 2.13): everything before *args
+    n_opts = sum(1 for p in inspect.signature(orig_gen).parameters.values()
+                 if p.kind == p.POSITIONAL_OR_KEYWORD) - 1
+
+    def gen(fn, *rest, **kwargs):
+        args = rest[n_opts:]
+        record.append((shaped(fn), tree_map(spec, args), tree_map(spec, kwargs)))
+        return orig_gen(fn, *rest, **kwargs)
+
+    class Reentrant:
+        @staticmethod
+        def apply(fn, preserve, *args):
+            record.append((shaped(fn), tree_map(spec, args), {}))
+            return orig_cf.apply(fn, preserve, *args)
+    ck._checkpoint_without_reentrant_generator, ck.CheckpointFunction = gen, Reentrant
+    try:
+        yield
+    finally:
+        ck._checkpoint_without_reentrant_generator, ck.CheckpointFunction = orig_gen, orig_cf
+
+
+class _TensorSpec:
+    """A tensor's shape and dtype (a pytree leaf: a tuple would be a container)."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
+
+    def __repr__(self) -> str:
+        return f"T{self.shape}:{self.dtype}"
+
+
+def _region_name(fn, model) -> str:
+    import torch.nn as nn
+    owner = None
+    if isinstance(fn, tuple) and fn[0] == "partial":
+        owner = next((a for a in fn[2] if isinstance(a, nn.Module)), None)
+        fn = fn[1]
+    owner = owner if owner is not None else getattr(fn, "__self__", None)
+    if isinstance(owner, nn.Module):
+        for name, mod in model.named_modules():
+            if mod is owner:
+                return name or type(owner).__name__
+        return type(owner).__name__
+    return getattr(fn, "__qualname__", repr(fn))
+
+
+def recompute_costs(record: list, model, source: str) -> list[dict]:
+    """The forward work of each checkpointed region (what its recomputation in the backward
+    costs), counted by analyzing the region alone at the shapes it was called with:
+    ``[{"region", "calls", "macs", "flops"}]``. Regions of the same function and shapes
+    are analyzed once."""
+    import functools
+    import torch
+    import torch.nn as nn
+    from torch._guards import detect_fake_mode
+    from torch.utils._pytree import tree_map
+    from ...analysis.counts import count_program
+    from ...graph.einsum import build_graph
+    from .capture import export_program
+    from .lower import lower
+    params = list(model.parameters())
+    mode = detect_fake_mode(params)
+    device = params[0].device if params else torch.device("cpu")
+    seen: dict = {}
+    for fn, args, kwargs in record:
+        key = (_region_name(fn, model), repr(args), repr(kwargs))
+        if key in seen:
+            seen[key]["calls"] += 1
+            continue
+
+        def make(v):
+            if isinstance(v, _TensorSpec):
+                if v.dtype.is_floating_point:
+                    return torch.randn(v.shape, dtype=v.dtype, device=device)
+                return torch.zeros(v.shape, dtype=v.dtype, device=device)
+            return v
+        with (mode if mode is not None else contextlib.nullcontext()):
+            a, kw = tree_map(make, args), tree_map(make, kwargs)
+            call = fn
+            if isinstance(fn, tuple) and fn[0] == "partial":
+                call = functools.partial(fn[1], *tree_map(make, list(fn[2])),
+                                         **tree_map(make, fn[3]))
+        owner = next((x for x in (call.args if isinstance(call, functools.partial) else ())
+                      if isinstance(x, nn.Module)), getattr(call, "__self__", None))
+
+        class Region(nn.Module):
+            def __init__(self):
+                super().__init__()
+                if isinstance(owner, nn.Module):
+                    self.inner = owner
+
+            def forward(self, *xs):
+                return call(*xs, **kw)
+        # tensors the region receives besides its first input (a mask, rotary tables)
+        # are known here by shape only: their values are data, so work a mask would skip
+        # is counted (the cost is then an upper estimate, and says so)
+        from torch.utils._pytree import tree_leaves
+        side = [v for v in tree_leaves((args[1:], kwargs,
+                                        fn[3] if isinstance(fn, tuple) else {}))
+                if isinstance(v, _TensorSpec)]
+        entry = {"region": key[0], "calls": 1, "macs": None, "flops": None,
+                 "masks_as_data": any(v.dtype == torch.bool for v in side)}
+        try:
+            with _traceable_nll():
+                pc = count_program(build_graph(lower(export_program(
+                    Region(), tuple(a), f"{source}: checkpointed {key[0]}")).program))
+            entry.update(macs=pc.macs, flops=sum(pc.flops.values()))
+        except Exception as e:  # noqa: BLE001 - stated, never counted as zero
+            from ..loading import oneline
+            entry["error"] = oneline(e)
+        seen[key] = entry
+    return list(seen.values())
+
+
 # --- the whole step --------------------------------------------------------------------
 
 
@@ -605,7 +749,9 @@ def export_train_step(model, inputs: tuple, source: str = "program", optimizer=N
     notes = []
     decompose = (lambda ep: _joint(ep))
     with _math_attention(), _traceable_nll():
-        with _loss_forward(model, source), _as_buffers(model, frozen):
+        regions: list = []
+        with _loss_forward(model, source), _as_buffers(model, frozen), \
+                _checkpoint_calls(regions):
             fwd = export_program(model, tuple(inputs), source, keep_experts=keep_experts,
                                  routing=routing, decompose=lambda ep: ep)
         unused = _unused_parameters(fwd, model)
@@ -635,6 +781,16 @@ def export_train_step(model, inputs: tuple, source: str = "program", optimizer=N
         notes.append(f"parameter {n} receives a gradient but the optimizer does not update it "
                      f"(it is in no param group): its gradient is computed and dropped")
     stepped = [n for n in trained if n not in not_in_opt]
+    recompute = recompute_costs(regions, model, source) if regions else []
+    for r in recompute:
+        what = (f"{r['flops']:,} FLOPs ({r['macs']:,} MACs) per call" if r["flops"] is not None
+                else f"an amount that could not be counted ({r.get('error', '?')})")
+        if r["flops"] is not None and r.get("masks_as_data"):
+            what += (" at most (the mask it receives is known by shape only there: the work "
+                     "it masks is included)")
+        notes.append(f"checkpointed region {r['region']} ({r['calls']} call(s)): recomputing "
+                     f"its forward in the backward costs {what}; the bound counts no "
+                     f"recomputation (the step's own work does not need it)")
     state = prime_state(opt, model, stepped)
     opt_ep, where = export_optimizer(opt, model, stepped, state, source)
     from .reference import _resolve
@@ -647,6 +803,7 @@ def export_train_step(model, inputs: tuple, source: str = "program", optimizer=N
     ep.solbound_routing = getattr(fwd, "solbound_routing", None)
     ep.solbound_sizes_assumed = getattr(fwd, "solbound_sizes_assumed", False)
     ep.solbound_train = {"optimizer": type(opt).__name__, "trained": trained,
+                         "recompute": recompute,
                          "stepped": stepped, "frozen": frozen, "unused": unused,
                          "defaults": {k: v for k, v in opt.defaults.items()
                                       if isinstance(v, (int, float, bool, str, tuple))}}
