@@ -467,3 +467,16 @@ def test_checkpointed_regions_are_noted_not_counted():
     dense = linear + 2 * T * D + 2 * H * T * T * (D // H)
     assert all(r["macs"] == dense and r["calls"] == 1 and r["masks_as_data"] for r in rec)
     assert sum("checkpointed region m.model.layers.0" in n for n in rep.program.notes) == 1
+
+
+def test_step_over_budget_validates_at_reduced_shapes():
+    """Over the validation budget, a smaller instance of the file (its size constants
+    scaled down) whose step keeps the kernel structure is validated instead."""
+    from solbound.api import analyze_source
+    rep = analyze_source(EXAMPLE, arch="h100-sxm", train=True, validate=True,
+                         max_bytes=5 * 2**20)
+    v = rep.validation
+    assert v["status"] == "passed", v
+    assert v["reduced"] and "d_hidden=1024->" in v["reduced_by"]
+    assert rep.counts.macs == B * DIN * DH + B * DH * DOUT + B * DOUT \
+        + DH * DOUT * B + B * DH * DOUT + DH * DIN * B + B * DOUT   # the analyzed sizes

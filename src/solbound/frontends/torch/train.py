@@ -852,12 +852,17 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     max_seconds = max_seconds or DEFAULT_MAX_SECONDS
     info = getattr(rep, "train", None) or {}
     mem, secs = estimate_cost(rep.program, sum(rep.counts.flops.values()))
+    reduced = None
     if mem > max_bytes or secs > max_seconds:
-        return {"status": "skipped",
-                "reason": f"over budget (~{mem / 2**30:.1f} GiB, ~{secs:.0f} s): the training "
-                          f"step is validated at the analyzed shapes only (reduced shapes are "
-                          f"not searched for steps yet); analyze a smaller instance with "
-                          f"--validate"}
+        # a smaller instance of the file (its size constants scaled down) whose step keeps
+        # the kernel structure and fits the budget
+        found = _reduced_step(rep, problem, max_bytes, max_seconds)
+        if found is None:
+            return {"status": "skipped",
+                    "reason": f"over budget (~{mem / 2**30:.1f} GiB, ~{secs:.0f} s) and no "
+                              f"reduced instance (smaller size constants of the file) keeps "
+                              f"the step's kernel structure within it"}
+        reduced, problem = found
     if problem is not None:
         model, inputs = _build_real(problem, seed)
     elif model is None or _on_meta(model, inputs):
@@ -891,7 +896,7 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     except FrontendError as e:
         return {"status": "inconclusive", "reason": f"re-tracing the step with real tensors "
                                                     f"failed: {e}"}
-    if _structure(low.program) != _structure(rep.program):
+    if reduced is None and _structure(low.program) != _structure(rep.program):
         return {"status": "inconclusive",
                 "reason": "re-tracing with real tensors gave a different kernel structure ("
                           + _structure_difference(rep.program, low.program) + ")"}
@@ -1028,5 +1033,35 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     res["summary"] = (f"loss, {c['gradients']} gradients, {c['parameters']} updated parameters "
                       f"and {c['optimizer_state']} optimizer state tensors: worst relative error "
                       f"{worst:.3g} (tolerance {tol:.3g})")
+    if reduced is not None:
+        res["reduced"], res["reduced_by"] = True, reduced
+        res["summary"] += f" at reduced shapes ({reduced})"
     res["seconds"] = time.perf_counter() - t0
     return res
+
+
+def _reduced_step(rep, problem, max_bytes: int, max_seconds: float):
+    """(description, smaller problem) whose training step has the analyzed step's kernel
+    structure and fits the validation budget; None when the file offers none."""
+    from ...analysis.counts import count_program
+    from ...graph.einsum import build_graph
+    from ...validate.compare import _structure, estimate_cost
+    from .lower import lower
+    info = getattr(rep, "train", None) or {}
+    if problem is None or not hasattr(problem, "shrink"):
+        return None
+    name = info.get("optimizer") if isinstance(info.get("optimizer"), str) else None
+    for desc, small in problem.shrink():
+        try:
+            m, inp, _ = small.build_for_capture()
+            low = lower(export_train_step(m, tuple(inp), rep.source, optimizer_name=name,
+                                          problem_module=info.get("problem_module")))
+        except Exception:  # noqa: BLE001 - a size the program does not accept
+            continue
+        if _structure(low.program) != _structure(rep.program):
+            continue
+        f = sum(count_program(build_graph(low.program)).flops.values())
+        mem, secs = estimate_cost(low.program, f)
+        if mem <= max_bytes and secs <= max_seconds:
+            return desc, small
+    return None
