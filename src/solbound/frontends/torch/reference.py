@@ -95,11 +95,19 @@ def run_graph_replaying_draws(model, inputs: tuple, lowered, ep) -> dict[str, An
     node drew (``draws``: IR tensor -> values) so that the IR uses the same numbers.
     A second call of the module would draw different ones, so the graph is both the
     reference and the source of the draws."""
-    import torch
-    from torch.fx import Interpreter
-
     args = _graph_args(ep, model, inputs)
     feeds = _feeds(lowered, inputs, lambda target: _state_value(model, target, ep))
+    outs, draws, recorded = replay_draws(ep, lowered, args)
+    golden = [_to_np(v) if o["kind"] in ("output", "buffer_mutation") else None
+              for o, v in zip(lowered.outputs, outs)]
+    return {"feeds": feeds, "golden": golden, "draws": draws, "recorded": recorded}
+
+
+def replay_draws(ep, lowered, args: list) -> tuple[list, dict, dict]:
+    """Run the exported graph on ``args`` (``torch.fx.Interpreter``), recording each random
+    node's output: (graph outputs, IR tensor -> the values drawn there, node -> value)."""
+    import torch
+    from torch.fx import Interpreter
     wanted = {node for node, _ in lowered.random_draws.values()}
     recorded: dict[str, Any] = {}
 
@@ -113,13 +121,11 @@ def run_graph_replaying_draws(model, inputs: tuple, lowered, ep) -> dict[str, An
     with torch.no_grad():
         outs = Recorder(ep.graph_module).run(*args)
     outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-    golden = [_to_np(v) if o["kind"] in ("output", "buffer_mutation") else None
-              for o, v in zip(lowered.outputs, outs)]
     draws = {}
     for ir, (node, index) in lowered.random_draws.items():
         val = recorded[node] if index is None else recorded[node][index]
         draws[ir] = _to_np(val)
-    return {"feeds": feeds, "golden": golden, "draws": draws, "recorded": recorded}
+    return outs, draws, recorded
 
 
 def recheck_in_f64(lowered, ep, model, inputs, golden32: list, outs: list[dict],

@@ -846,7 +846,7 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     from .capture import FrontendError
     from .lower import lower
     from .reference import (HarnessError, _build_real, _on_meta, _structure_difference, _to_np,
-                            first_divergence)
+                            first_divergence, replay_draws)
     t0 = time.perf_counter()
     max_bytes = max_bytes or DEFAULT_MAX_BYTES
     max_seconds = max_seconds or DEFAULT_MAX_SECONDS
@@ -925,22 +925,9 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     recorded: dict = {}
     draws = {}
     if low.random_draws:
-        from torch.fx import Interpreter
-        wanted = {node for node, _ in low.random_draws.values()}
-
-        class Recorder(Interpreter):
-            def run_node(self, n):
-                val = super().run_node(n)
-                if n.name in wanted:
-                    recorded[n.name] = val
-                return val
-        with torch.no_grad():
-            outs = Recorder(ep.graph_module).run(*[a.clone() if isinstance(a, torch.Tensor)
-                                                  else a for a in args])
+        outs, draws, recorded = replay_draws(
+            ep, low, [a.clone() if isinstance(a, torch.Tensor) else a for a in args])
         golden = [_to_np(v) for v in outs]
-        for ir, (node, index) in low.random_draws.items():
-            val = recorded[node] if index is None else recorded[node][index]
-            draws[ir] = _to_np(val)
         grads_ref = {}
         reference = "the traced step graph, its random draws replayed into the IR"
     else:
