@@ -217,7 +217,8 @@ def test_llama_step_closed_form_and_validation():
 
 
 def test_gpt2_step():
-    """GPT-2 (tied input/output embeddings: one parameter, one gradient). With its default
+    """GPT-2 (tied input/output embeddings: one parameter, one gradient), its products in
+    closed form. With its default
     dropout the step analyzes (random masks counted); validated with dropout off and SGD:
     the key projection's bias has a gradient that is exactly zero in exact arithmetic
     (softmax ignores a constant added to a row's scores), so its fp32 value is rounding
@@ -230,6 +231,22 @@ def test_gpt2_step():
     rep = solbound.analyze(_Labels(m), (ids, ids), arch="h100-sxm", train=True)
     assert not rep.unsupported
     assert rep.lowered.random_draws                     # dropout masks, drawn per step
+    # products: per layer c_attn (D -> 3D), attn c_proj, c_fc (D -> 4D), mlp c_proj
+    # (4D -> D): 12 T D^2; the tied head T D V; causal attention two triangles forward,
+    # four backward; the backward two products per forward one (dW, dX)
+    T, D, L, H, V = 16, 32, 2, 4, 64
+    layers, head = L * 12 * T * D * D, T * D * V
+    tri = L * H * (T * (T + 1) // 2) * (D // H)
+    phase = {op: g.get("phase") for op, g in rep.lowered.groups.items()}
+
+    def products(ph, names):
+        return sum(k.macs for k in rep.counts.kernels
+                   if phase[k.op] == ph and k.opname in names)
+    assert products("forward", ("aten.addmm",)) == layers
+    assert products("forward", ("aten.mm",)) == head
+    assert products("forward", ("aten.bmm",)) == 2 * tri
+    assert products("backward", ("aten.mm", "aten.addmm")) == 2 * (layers + head)
+    assert products("backward", ("aten.bmm",)) == 4 * tri
     assert rep.training["parameters_trained"] == sum(1 for _ in m.parameters())
     m = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32, attn_pdrop=0.0,
@@ -480,3 +497,23 @@ def test_step_over_budget_validates_at_reduced_shapes():
     assert v["reduced"] and "d_hidden=1024->" in v["reduced_by"]
     assert rep.counts.macs == B * DIN * DH + B * DH * DOUT + B * DOUT \
         + DH * DOUT * B + B * DH * DOUT + DH * DIN * B + B * DOUT   # the analyzed sizes
+
+
+def test_wrong_step_fails_and_names_the_first_divergent_kernel(monkeypatch):
+    """A lowering rule made wrong on purpose (ReLU as the identity): the step fails
+    validation and the diagnosis names the first kernel whose value differs."""
+    from solbound.frontends.torch import lower as lowering
+    from solbound.frontends.torch.rules._util import elementwise
+
+    def wrong_relu(ctx):
+        ctx.bind(elementwise(ctx, lambda a: a, [ctx.args[0]]))
+    wrong_relu.rule_id = "aten.relu"
+    monkeypatch.setitem(lowering.RULES, "aten.relu", wrong_relu)
+    monkeypatch.setitem(lowering.RULES, "aten.relu.default", wrong_relu)
+    rep = solbound.analyze(MLP(64, 128, 8), _mlp_inputs(16, 64, 8), arch="h100-sxm",
+                           train=True, optimizer="SGD", validate=True)
+    v = rep.validation
+    assert v["status"] == "failed"
+    assert not next(o for o in v["outputs"] if o["output"] == "loss")["ok"]
+    fd = v["first_divergence"]
+    assert fd is not None and "relu" in fd["node"] and fd["kernel"].startswith("k_relu")
