@@ -101,6 +101,7 @@ def _conv_macs(N, cin, cout, k, s, hw):
     return N * cout * cin * t
 
 
+@pytest.mark.slow       # ~50 s on 2 cores: run with -m slow (CI's suite stays under 10 min)
 def test_diffusers_unet_noise_prediction_step_closed_form_and_validation():
     """A diffusers ``UNet2DModel`` (ResNet blocks with GroupNorm and the timestep's
     projection, self-attention at the lower resolution, a strided downsampler, a nearest
