@@ -56,6 +56,14 @@ ATTENTION_OPS = frozenset({"aten.scaled_dot_product_attention",
                            "aten.multi_head_attention_forward", "aten._native_multi_head_attention"})
 
 
+# node metadata the training step's join sets (frontends/torch/train.py): the phase of a
+# node (forward, backward, optimizer) and, for the optimizer's nodes, their operator
+# group (id, name, source); the optimizer's state are buffers optimizer.<param>.<key>
+PHASE_KEY = "solbound_phase"
+GROUP_KEY = "solbound_group"
+OPT_PREFIX = "optimizer."
+
+
 class LoweringError(Exception):
     """A node that a rule cannot lower (reported as unsupported, with its source)."""
 
@@ -552,7 +560,7 @@ class Lowering:
                      if n in values}
             low.training = {**train, "gradients": grads,
                             "optimizer_state": [s["ir"] for s in state
-                                                if s["target"].startswith("optimizer.")]}
+                                                if s["target"].startswith(OPT_PREFIX)]}
         return low
 
     def _input_support(self, inputs: list[dict], program: Program,
@@ -673,7 +681,7 @@ class Lowering:
         return seeds, notes
 
     def _group_of(self, node: torch.fx.Node) -> tuple[str, str, str]:
-        own = node.meta.get("solbound_group")      # set by the training step's join
+        own = node.meta.get(GROUP_KEY)
         if own is not None:
             return (own[0], re.sub(r"\.default$", "", own[1]),
                     own[2] if len(own) > 2 and own[2] else _src_of(node, self.user_files))
@@ -693,8 +701,8 @@ class Lowering:
         gid, gname, src = self._cur_group
         self.node_src[node.name] = src
         self.groups.setdefault(gid, {"name": gname, "src": src, "module": _module_of(node)})
-        if "solbound_phase" in node.meta:
-            self.groups[gid].setdefault("phase", node.meta["solbound_phase"])
+        if PHASE_KEY in node.meta:
+            self.groups[gid].setdefault("phase", node.meta[PHASE_KEY])
         fn = find_rule(target)
         reason = "no lowering rule"
         if fn is not None:

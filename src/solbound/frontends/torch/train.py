@@ -30,15 +30,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import inspect
 import math
 import re
 import time
 import warnings
 from collections import defaultdict
 
-PHASE_KEY = "solbound_phase"
-GROUP_KEY = "solbound_group"
-PHASES = ("forward", "backward", "optimizer")
+from .lower import GROUP_KEY, OPT_PREFIX, PHASE_KEY
+
 DEFAULT_OPTIMIZER = "AdamW"
 
 
@@ -83,7 +84,6 @@ def _describe(out) -> str:
 @contextlib.contextmanager
 def _loss_forward(model, source: str):
     """``model.forward`` returns its scalar loss while tracing; the original afterwards."""
-    import inspect
     orig = model.forward
     found: dict = {}
 
@@ -139,30 +139,34 @@ def _as_buffers(model, names: list[str]):
             mod._parameters[attr] = p
 
 
-def _unused_parameters(ep, model) -> list[str]:
-    """Parameters of an exported forward from which the loss (its first user output) does
-    not depend: no gradient reaches them."""
-    sig = ep.graph_signature
-    graph = ep.graph_module.graph
+def _ancestors(graph, sig, kinds: tuple[str, ...]) -> set:
+    """The nodes the graph's outputs of ``kinds`` (output-spec kind names) depend on,
+    themselves included."""
     out = next(n for n in graph.nodes if n.op == "output")
-    specs = sig.output_specs
-    loss_node = next(a for a, s in zip(out.args[0], specs) if s.kind.name in ("USER_OUTPUT",
-                                                                            "LOSS_OUTPUT"))
-    seen, stack = set(), [loss_node]
+    stack = [a for a, s in zip(out.args[0], sig.output_specs) if s.kind.name in kinds]
+    seen: set = set()
     while stack:
         n = stack.pop()
-        if not hasattr(n, "all_input_nodes") or n in seen:
+        if n in seen or not hasattr(n, "all_input_nodes"):
             continue
         seen.add(n)
         stack.extend(n.all_input_nodes)
-    names = {n.name for n in seen if n.op == "placeholder"}
+    return seen
+
+
+def _unused_parameters(ep, model) -> list[str]:
+    """Parameters of an exported forward from which the loss (its user output) does not
+    depend: no gradient reaches them."""
+    sig = ep.graph_signature
+    names = {n.name for n in _ancestors(ep.graph_module.graph, sig,
+                                        ("USER_OUTPUT", "LOSS_OUTPUT"))
+             if n.op == "placeholder"}
     from .reference import _resolve
     # tied parameters (GPT-2's input and output embeddings) are one tensor under two
     # names: unused only when no name of it reaches the loss
     reached = {id(_resolve(model, s.target)) for s in sig.input_specs
                if s.kind.name == "PARAMETER" and s.arg.name in names}
-    return [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in reached
-            and any(s.kind.name == "PARAMETER" for s in sig.input_specs)]
+    return [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in reached]
 
 
 def _drop_unused_aliases(ep, model):
@@ -209,13 +213,10 @@ def _joint(ep):
             ep = ep.run_decompositions({})
     j = _decompose_exported_program(ep, cia_to_decomp={}, python_decomp_table={},  # noqa
                                     joint_loss_index=0, decompose_custom_triton_ops=False)
-    joint_names = {n.name: n.target for n in j.graph.nodes}
     j = j.run_decompositions(_decomp_table())
     gm, sig = _copy_graph_module_and_signature(j)
     _remove_detach_pass(gm, sig)
-    j = j._update(gm, sig)
-    j.solbound_joint_ops = joint_names
-    return j
+    return j._update(gm, sig)
 
 
 @contextlib.contextmanager
@@ -256,7 +257,6 @@ def _traceable_nll():
         return nll(torch.log_softmax(input, 1), target, ignore_index=ignore_index,
                    reduction=reduction)
     F.cross_entropy, F.nll_loss = ce, nll
-    torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss = ce, nll
     try:
         yield
     finally:
@@ -316,10 +316,7 @@ def prime_state(opt, model, trained: list[str]) -> dict[str, dict]:
         from ..loading import oneline
         raise _frontend_error(f"optimizer {type(opt).__name__}: its first step (run on meta "
                               f"tensors to make its state) failed: {oneline(e)}") from None
-    out = {}
-    for n, t in twin.items():
-        out[n] = {k: v for k, v in probe.state.get(t, {}).items()}
-    return out
+    return {n: dict(probe.state.get(t, {})) for n, t in twin.items()}
 
 
 def _buffer_name(i: int, key: str = "") -> str:
@@ -441,10 +438,7 @@ def join(joint, opt_ep, where: dict, trained: list[str], opt_name: str,
         if w is not None and w[0] == "param":
             ovals[node] = ("param", w[1])
             continue
-        if w is not None:
-            target = f"optimizer.{w[1]}.{w[2]}"
-        else:
-            target = f"optimizer.{s.target}"
+        target = f"{OPT_PREFIX}{w[1]}.{w[2]}" if w is not None else f"{OPT_PREFIX}{s.target}"
         name = re.sub(r"[^0-9a-zA-Z_]", "_", f"opt_{target}")
         ph = g.placeholder(name)
         ph.meta = dict(node.meta)
@@ -463,7 +457,8 @@ def join(joint, opt_ep, where: dict, trained: list[str], opt_name: str,
             env[jph[s.arg.name]].meta = dict(jph[s.arg.name].meta)
             specs.append(s)
     # the joint's nodes, each with its phase
-    forward = _forward_nodes(jg, jsig)
+    # the forward: what the loss or the forward's buffer updates depend on
+    forward = _ancestors(jg, jsig, ("LOSS_OUTPUT", "USER_OUTPUT", "BUFFER_MUTATION"))
     for n in jg.nodes:
         if n.op in ("placeholder", "output"):
             continue
@@ -486,10 +481,10 @@ def join(joint, opt_ep, where: dict, trained: list[str], opt_name: str,
         _refake(ovals[n], mode)
         fn = n.meta.get("from_node") or []
         root = fn[0] if fn else None
+        # (export keeps no frame of torch's own files: the optimizer's line is not known)
         ovals[n].meta[GROUP_KEY] = ("opt_" + (root.name if root is not None else n.name),
                                     str(root.target) if root is not None else str(n.target),
-                                    _optimizer_line(n.meta.get("stack_trace") or "")
-                                    or f"torch.optim.{opt_name}.step")
+                                    f"torch.optim.{opt_name}.step")
     oout = next(n for n in og.nodes if n.op == "output")
     # export's order: mutations first, then user outputs
     muts, users = [], []          # (node, spec, kind override)
@@ -510,7 +505,7 @@ def join(joint, opt_ep, where: dict, trained: list[str], opt_name: str,
                           ("parameter_mutation", w[1]), f"updated.{w[1]}"))
         else:
             muts.append((v, OutputSpec(OutputKind.BUFFER_MUTATION, TensorArgument(v.name),
-                                       f"optimizer.{w[1]}.{w[2]}"), None, None))
+                                       f"{OPT_PREFIX}{w[1]}.{w[2]}"), None, None))
     outs = [e[0] for e in muts + users]
     ospecs = [e[1] for e in muts + users]
     kinds = [e[2] for e in muts + users]
@@ -527,16 +522,6 @@ def join(joint, opt_ep, where: dict, trained: list[str], opt_name: str,
     ep.solbound_output_paths = paths
     ep.solbound_gradients = {p: env[grads[p]].name for p in trained}
     return ep
-
-
-def _optimizer_line(stack: str) -> str:
-    """The innermost line of the optimizer's own code (``adam.py:415``) in a stack."""
-    import os
-    frames = re.findall(r'File "([^"]+)", line (\d+)', stack)
-    for fname, line in reversed(frames):
-        if f"{os.sep}optim{os.sep}" in fname and not fname.endswith("train.py"):
-            return f"{os.path.basename(fname)}:{line}"
-    return ""
 
 
 def _refake(node, mode) -> None:
@@ -562,21 +547,6 @@ def _refake(node, mode) -> None:
         node.meta["val"] = tree_map(conv, node.meta["val"])
 
 
-def _forward_nodes(graph, sig) -> set:
-    """Nodes the loss or the forward's buffer updates depend on: the forward."""
-    out = next(n for n in graph.nodes if n.op == "output")
-    roots = [a for a, s in zip(out.args[0], sig.output_specs)
-             if s.kind.name in ("LOSS_OUTPUT", "USER_OUTPUT", "BUFFER_MUTATION")]
-    seen, stack = set(), list(roots)
-    while stack:
-        n = stack.pop()
-        if n in seen or not hasattr(n, "all_input_nodes"):
-            continue
-        seen.add(n)
-        stack.extend(n.all_input_nodes)
-    return seen
-
-
 # --- activation checkpointing ----------------------------------------------------------
 
 
@@ -595,8 +565,6 @@ def _checkpoint_calls(record: list):
         return v
     orig_gen, orig_cf = ck._checkpoint_without_reentrant_generator, ck.CheckpointFunction
 
-    import functools
-
     def shaped(fn):
         """A partial's bound tensors (transformers binds the mask and the rotary tables)
         as shapes too: the traced values do not outlive the trace."""
@@ -605,7 +573,6 @@ def _checkpoint_calls(record: list):
                     tree_map(spec, dict(fn.keywords)))
         return fn
 
-    import inspect
     # the generator's leading options (preserve_rng_state, context_fn, ... early_stop in
     # torch 2.13): everything before *args
     n_opts = sum(1 for p in inspect.signature(orig_gen).parameters.values()
@@ -658,11 +625,10 @@ def recompute_costs(record: list, model, source: str) -> list[dict]:
     costs), counted by analyzing the region alone at the shapes it was called with:
     ``[{"region", "calls", "macs", "flops"}]``. Regions of the same function and shapes
     are analyzed once."""
-    import functools
     import torch
     import torch.nn as nn
     from torch._guards import detect_fake_mode
-    from torch.utils._pytree import tree_map
+    from torch.utils._pytree import tree_leaves, tree_map
     from ...analysis.counts import count_program
     from ...graph.einsum import build_graph
     from .capture import export_program
@@ -703,7 +669,6 @@ def recompute_costs(record: list, model, source: str) -> list[dict]:
         # tensors the region receives besides its first input (a mask, rotary tables)
         # are known here by shape only: their values are data, so work a mask would skip
         # is counted (the cost is then an upper estimate, and says so)
-        from torch.utils._pytree import tree_leaves
         side = [v for v in tree_leaves((args[1:], kwargs,
                                         fn[3] if isinstance(fn, tuple) else {}))
                 if isinstance(v, _TensorSpec)]
@@ -747,7 +712,6 @@ def export_train_step(model, inputs: tuple, source: str = "program", optimizer=N
     opt = optimizer if optimizer is not None else make_optimizer(model, problem_module,
                                                                  optimizer_name)
     notes = []
-    decompose = (lambda ep: _joint(ep))
     with _math_attention(), _traceable_nll():
         regions: list = []
         with _loss_forward(model, source), _as_buffers(model, frozen), \
@@ -794,7 +758,7 @@ def export_train_step(model, inputs: tuple, source: str = "program", optimizer=N
     state = prime_state(opt, model, stepped)
     opt_ep, where = export_optimizer(opt, model, stepped, state, source)
     from .reference import _resolve
-    canonical = {id(p): n for n, p in model.named_parameters()}
+    canonical = _param_names(model)
     alias = {s.target: canonical[id(_resolve(model, s.target))]
              for s in joint.graph_signature.input_specs
              if s.kind.name == "PARAMETER" and id(_resolve(model, s.target)) in canonical}
@@ -811,6 +775,13 @@ def export_train_step(model, inputs: tuple, source: str = "program", optimizer=N
 
 
 # --- validation ------------------------------------------------------------------------
+
+
+def _state_of(target: str) -> tuple[str, str]:
+    """``optimizer.<parameter>.<key>`` (an optimizer state buffer's target) -> (parameter,
+    key)."""
+    pname, _, key = target[len(OPT_PREFIX):].rpartition(".")
+    return pname, key
 
 
 def _real_optimizer(model, rep_train: dict):
@@ -904,8 +875,8 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     buffers = dict(model.named_buffers())
 
     def state_value(target: str):
-        if target.startswith("optimizer."):
-            pname, _, key = target[len("optimizer."):].rpartition(".")
+        if target.startswith(OPT_PREFIX):
+            pname, key = _state_of(target)
             return opt.state[params[pname]][key]
         if target in params:
             return params[target]
@@ -949,8 +920,8 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
                 golden.append(_to_np(loss.detach()))
             elif o["kind"] == "parameter_mutation":
                 golden.append(_to_np(ref_params[o["target"]]))
-            elif o["kind"] == "buffer_mutation" and o["target"].startswith("optimizer."):
-                pname, _, key = o["target"][len("optimizer."):].rpartition(".")
+            elif o["kind"] == "buffer_mutation" and o["target"].startswith(OPT_PREFIX):
+                pname, key = _state_of(o["target"])
                 golden.append(_to_np(ref_opt.state[ref_params[pname]][key]))
             elif o["kind"] == "buffer_mutation":
                 golden.append(_to_np(ref_buffers[o["target"]]))
@@ -1000,7 +971,7 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
            "compared": {"loss": 1, "gradients": sum(o["kind"] == "gradient" for o in outs),
                         "parameters": sum(o["kind"] == "parameter_mutation" for o in outs),
                         "optimizer_state": sum(o["kind"] == "buffer_mutation"
-                                               and str(o["output"]).startswith("optimizer.")
+                                               and str(o["output"]).startswith(OPT_PREFIX)
                                                for o in outs)}}
     if missing:
         res["reason"] = f"no IR gradient found for {missing[0]}"

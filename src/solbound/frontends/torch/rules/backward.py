@@ -83,12 +83,11 @@ def max_pool_backward(ctx: OpCtx) -> None:
     s = _tuple(ctx.args[3], nsp, k)
     p = _tuple(ctx.args[4], nsp, [0] * nsp)
     d = _tuple(ctx.args[5], nsp, [1] * nsp)
-    ceil_mode, indices = ctx.args[6], ctx.args[7]
+    indices = ctx.args[7]        # (ceil_mode, args[6], is in the output's shape already)
     if not isinstance(indices, View):
         raise LoweringError("max-pool backward without the forward's indices")
     lead = x.ndim - nsp
     insp = x.shape[lead:]
-    osp = gout.shape[lead:]
     # 1. the flat input position (within its plane) of each output position's chosen tap
     pos = ctx.new_tensor(gout.shape, "i64", ctx.node.name + "_pos")
     kb = ctx.builder(gout.shape)
@@ -124,4 +123,3 @@ def max_pool_backward(ctx: OpCtx) -> None:
     ctx.emit_scatter(kb, base, out_index, kb.load(gout, idx), reduce="sum")
     meta = base.meta.reshape(tuple(x.shape))
     ctx.bind(View(base.base, meta, base.base_shape))
-    del osp, ceil_mode
