@@ -46,6 +46,13 @@ def tolerance(dtype: str, k_max: int, depth: int) -> float:
     return 8.0 * eps * growth * max(1.0, depth) ** 0.25
 
 
+def tolerance_rule(dtype: str) -> str:
+    """:func:`tolerance`'s rule in words, for the report."""
+    return (f"max|ir-ref|/max|ref| <= 8 eps({dtype})"
+            + (" sqrt(longest reduction)" if dtype in ("f32", "f64") else "")
+            + " operators^(1/4)")
+
+
 class _InputScale:
     """Largest magnitude among the values the producer of a tensor reads: rounding in a
     reduction that cancels (the mean of normalized values) is relative to its inputs.
@@ -98,6 +105,17 @@ def rel_error(a: np.ndarray, b: np.ndarray, floor: float = 0.0) -> float:
         return 0.0
     scale = max(float(np.max(np.abs(b[fin]))), floor, 1e-30)
     return float(np.max(np.abs(a[fin] - b[fin]))) / scale
+
+
+def fits_budget(p: Program, analyzed: Program, max_bytes: int, max_seconds: float) -> bool:
+    """A reduced instance ``p`` can stand in for the ``analyzed`` program in validation:
+    the same kernel structure, and within the budget."""
+    from ..analysis.counts import count_program
+    from ..graph.einsum import build_graph
+    if _structure(p) != _structure(analyzed):
+        return False
+    mem, secs = estimate_cost(p, sum(count_program(build_graph(p)).flops.values()))
+    return mem <= max_bytes and secs <= max_seconds
 
 
 def estimate_cost(p: Program, flops: int) -> tuple[int, float]:

@@ -17,7 +17,8 @@ from ...ir.model import Call, walk
 from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EPS, F64_SHRINK,
                                  _InputScale, _is_constant, _max_abs_diff, _progress,
                                  _strided, _structure, compare, estimate_cost,
-                                 max_reduction, rel_error, tolerance)
+                                 fits_budget, max_reduction, rel_error, tolerance,
+                                 tolerance_rule)
 
 def _to_np(t) -> np.ndarray:
     import torch
@@ -287,9 +288,7 @@ def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
         recheck_in_f64(lowered, ep, model_copy, inputs, gold["golden"], outs, arrays)
     ok = all(o["ok"] for o in outs)
     res = {"status": "passed" if ok else "failed", "tolerance": tol,
-           "tolerance_rule": f"max|ir-ref|/max|ref| <= 8 eps({src_dtype})"
-                             + (" sqrt(longest reduction)" if src_dtype in ("f32", "f64") else "")
-                             + " operators^(1/4)",
+           "tolerance_rule": tolerance_rule(src_dtype),
            "outputs": outs,
            "reference": "the module's forward" if not lowered.random_draws else
                         "the exported graph, its random draws replayed into the IR",
@@ -437,9 +436,6 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
     reduced = None
     meta_module = problem is None and model is not None and _on_meta(model, inputs)
     if (mem > max_bytes or secs > max_seconds) and not meta_module:
-        from ...analysis.counts import count_program
-        from ...graph.einsum import build_graph
-
         def fits(m, inp) -> bool:
             """The instance traces, keeps the kernel structure and is within budget."""
             try:
@@ -448,11 +444,7 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
             except Exception:  # noqa: BLE001 - a size the program does not accept
                 return False
             low_r = lower(ep_r, (), input_structure(inp), state_structure(m))
-            if _structure(low_r.program) != _structure(lowered.program):
-                return False
-            f_r = sum(count_program(build_graph(low_r.program)).flops.values())
-            mem_r, secs_r = estimate_cost(low_r.program, f_r)
-            return mem_r <= max_bytes and secs_r <= max_seconds
+            return fits_budget(low_r.program, lowered.program, max_bytes, max_seconds)
 
         found = None
         # sizes in the file's constants, then sizes in the inputs themselves (literals in

@@ -812,7 +812,7 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     import torch
     from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EPS, _InputScale,
                                      _strided, compare, estimate_cost, max_reduction,
-                                     rel_error, tolerance, _structure)
+                                     rel_error, tolerance, tolerance_rule, _structure)
     from ...ir.execute import ExecutionError, execute
     from .capture import FrontendError
     from .lower import lower
@@ -964,9 +964,7 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
                      if n in grads_ref) if grads_ref else []
     ok = all(o["ok"] for o in outs) and not missing
     res = {"status": "passed" if ok else "failed", "tolerance": tol,
-           "tolerance_rule": f"max|ir-ref|/max|ref| <= 8 eps({src_dtype})"
-                             + (" sqrt(longest reduction)" if src_dtype in ("f32", "f64") else "")
-                             + " operators^(1/4)",
+           "tolerance_rule": tolerance_rule(src_dtype),
            "outputs": outs, "reference": reference,
            "compared": {"loss": 1, "gradients": sum(o["kind"] == "gradient" for o in outs),
                         "parameters": sum(o["kind"] == "parameter_mutation" for o in outs),
@@ -1001,9 +999,7 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
 def _reduced_step(rep, problem, max_bytes: int, max_seconds: float):
     """(description, smaller problem) whose training step has the analyzed step's kernel
     structure and fits the validation budget; None when the file offers none."""
-    from ...analysis.counts import count_program
-    from ...graph.einsum import build_graph
-    from ...validate.compare import _structure, estimate_cost
+    from ...validate.compare import fits_budget
     from .lower import lower
     info = getattr(rep, "train", None) or {}
     if problem is None or not hasattr(problem, "shrink"):
@@ -1016,10 +1012,6 @@ def _reduced_step(rep, problem, max_bytes: int, max_seconds: float):
                                           problem_module=info.get("problem_module")))
         except Exception:  # noqa: BLE001 - a size the program does not accept
             continue
-        if _structure(low.program) != _structure(rep.program):
-            continue
-        f = sum(count_program(build_graph(low.program)).flops.values())
-        mem, secs = estimate_cost(low.program, f)
-        if mem <= max_bytes and secs <= max_seconds:
+        if fits_budget(low.program, rep.program, max_bytes, max_seconds):
             return desc, small
     return None
