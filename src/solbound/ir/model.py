@@ -209,6 +209,20 @@ def kernel_reads(k: "Kernel") -> list[Access]:
     return out
 
 
+def unpicked(body: Expr, picked, index: list, axis: int, i: int, fill: float) -> Expr:
+    """Pass ``i`` of a top-k selection by repeated arg-max (PyTorch's ``topk``, JAX's
+    ``top_k``): ``body`` (the candidate at reduction variable ``r0``) or ``fill`` where an
+    earlier pass ``p < i`` already picked ``r0``; ``picked(index)`` loads the indices
+    tensor at ``index`` (``index`` with ``axis`` set to ``p``)."""
+    taken = None
+    for p in range(i):
+        pi = list(index)
+        pi[axis] = Aff.lit(p)
+        c = Call("eq", (picked(pi), Idx(Aff.var("r0"))))
+        taken = c if taken is None else Call("or", (taken, c))
+    return body if taken is None else Call("select", (taken, Const(fill), body))
+
+
 def subst_expr(e: Expr, mapping: dict[str, Aff]) -> Expr:
     """Substitute loop variables by affine expressions everywhere in ``e``."""
     if isinstance(e, Access):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from ...ir.affine import Aff, Atom
-from ...ir.model import Access, Call, Const, Idx, Kernel
+from ...ir.model import Access, Call, Const, Idx, Kernel, unpicked
 from ...ir.passes import contiguous_strides
 from .lower import Ctx, JaxLoweringError, JView, _key_shape, ir_dtype, rule
 
@@ -493,15 +493,8 @@ def top_k(ctx: Ctx) -> None:
     dims = [(f"d{i}", n) if i != axis else ("r0", n) for i, n in enumerate(x.shape)]
     xi = _vars(dims)
     for i in range(k):
-        body = ctx.load(x, xi)
-        taken = None
-        for p in range(i):
-            pi = list(xi)
-            pi[axis] = Aff.lit(p)
-            c = Call("eq", (ctx.load(idxs, pi), Idx(Aff.var("r0"))))
-            taken = c if taken is None else Call("or", (taken, c))
-        if taken is not None:
-            body = Call("select", (taken, Const(-math.inf), body))
+        body = unpicked(ctx.load(x, xi), lambda pi: ctx.load(idxs, pi), xi, axis, i,
+                        -math.inf)
         oi = list(xi)
         oi[axis] = Aff.lit(i)
         ctx.emit(idxs, dims, oi, body, reduce="argmax", out2=vals.base)

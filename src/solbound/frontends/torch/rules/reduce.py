@@ -6,7 +6,7 @@ from __future__ import annotations
 from ....ir.affine import Aff
 import math
 
-from ....ir.model import Call, Const, Idx
+from ....ir.model import Call, unpicked
 from ..lower import LoweringError, OpCtx, View, rule
 from ._util import C, _out_index, dims_vars, div, f, mul, norm_dims, reduce_kernel, sub
 
@@ -223,15 +223,7 @@ def topk(ctx: OpCtx) -> None:
     for i in range(k):
         kb = ctx.builder([x.shape[j] for j in kept], [x.shape[dim]])
         xi = _index(x.ndim, kept, [dim])
-        body = kb.load(x, xi)
-        taken = None
-        for p in range(i):
-            pi = list(xi)
-            pi[dim] = Aff.lit(p)
-            c = Call("eq", (kb.load(idxs, pi), Idx(Aff.var("r0"))))
-            taken = c if taken is None else Call("or", (taken, c))
-        if taken is not None:
-            body = Call("select", (taken, Const(fill), body))
+        body = unpicked(kb.load(x, xi), lambda pi, kb=kb: kb.load(idxs, pi), xi, dim, i, fill)
         out_idx = list(xi)
         out_idx[dim] = Aff.lit(i)
         ctx.emit(kb, idxs, out_idx, body, reduce=op, out2=vals.base)
