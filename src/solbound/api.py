@@ -43,7 +43,8 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
             source: str | None = None, validate: bool = False,
             keep_experts_dispatch: bool = False, routing: str | None = None,
             select_fraction: float | None = None, cache=None, train: bool = False,
-            optimizer=None, problem_module=None, **validate_opts) -> Report:
+            optimizer=None, problem_module=None, reroll: bool = True,
+            **validate_opts) -> Report:
     """Analyze ``module(*inputs)``: capture, lower to the loop IR, count, bound.
 
     ``train=True`` analyzes the training step instead (``frontends/torch/train.py``):
@@ -61,7 +62,9 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     how much of its input a selection whose size only the data knows keeps (``nonzero``,
     ``masked_select``, ``x[mask]``); without it such a program stops with a one-line error.
     ``cache`` sets the on-chip capacity of the cache-aware bound (``"smem"``, ``"4MiB"``,
-    bytes; default each chip's last-level cache).
+    bytes; default each chip's last-level cache). ``reroll``: a stack of identical layers
+    (an ``nn.ModuleList`` of one structure) is traced for two layers and run as a loop
+    over all of them (``frontends/torch/stacks.py``); ``False`` traces every layer.
     """
     if not _is_torch_module(module) and callable(module):
         return _analyze_jax(module, inputs, arch=arch, precision_policy=precision_policy,
@@ -83,12 +86,17 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
                                optimizer_name=optimizer if isinstance(optimizer, str) else None,
                                problem_module=problem_module,
                                keep_experts=keep_experts_dispatch, routing=routing)
-    else:
-        ep = export_program(module, tuple(inputs), src, keep_experts=keep_experts_dispatch,
-                            routing=routing, select_fraction=select_fraction)
-    t1 = time.perf_counter()
     user_files = (source,) if source and os.path.exists(source) else ()
-    lowered = lower(ep, user_files, input_structure(inputs), state_structure(module))
+    if train:
+        t1 = time.perf_counter()
+        lowered = lower(ep, user_files, input_structure(inputs), state_structure(module))
+    else:
+        from .frontends.torch.stacks import export_and_lower
+        ep, lowered = export_and_lower(module, tuple(inputs), src, user_files=user_files,
+                                       reroll_layers=reroll, keep_experts=keep_experts_dispatch,
+                                       routing=routing, select_fraction=select_fraction,
+                                       timings=(timings := {}))
+        t1 = t0 + timings.get("export_s", 0.0)
     t2 = time.perf_counter()
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"export_s": t1 - t0, "lower_s": t2 - t1}, cache=cache)
@@ -96,6 +104,7 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     rep.routing = routing
     rep.train = {"optimizer": optimizer, "problem_module": problem_module} if train else None
     rep.select_fraction = select_fraction
+    rep.reroll = reroll
     rep.sizes_assumed = bool(getattr(ep, "solbound_sizes_assumed", False))
     if validate:
         from .validate.golden import validate_report
@@ -213,7 +222,8 @@ def _nnx_split(fn, args: tuple):
 def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    validate: bool = False, keep_experts_dispatch: bool = False,
                    routing: str | None = None, select_fraction: float | None = None,
-                   cache=None, train: bool = False, optimizer=None, **validate_opts) -> Report:
+                   cache=None, train: bool = False, optimizer=None, reroll: bool = True,
+                   **validate_opts) -> Report:
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``; a file that
     defines ``example()`` returning ``(function, args)`` (and no ``Model``) is a JAX program.
     ``train``/``optimizer``: the training step (see :func:`analyze`); the file may define
@@ -231,7 +241,7 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
     rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec,
                   keep_experts_dispatch=keep_experts_dispatch, routing=routing,
                   select_fraction=select_fraction, cache=cache, train=train,
-                  optimizer=optimizer, problem_module=problem.module)
+                  optimizer=optimizer, problem_module=problem.module, reroll=reroll)
     if note:
         rep.lowered.program = rep.lowered.program.__class__(
             rep.lowered.program.tensors, rep.lowered.program.kernels,

@@ -63,7 +63,8 @@ def cmd_analyze(a) -> int:
     rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
-                         train=a.train, optimizer=a.optimizer, **_vopts(a))
+                         train=a.train, optimizer=a.optimizer,
+                         reroll=not getattr(a, "no_reroll", False), **_vopts(a))
     if a.measure:
         from .frontends.torch.capture import load_problem
         from .frontends.torch.timing import MeasureError, measure_problem
@@ -385,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--keep-experts-dispatch", action="store_true",
                     help="trace transformers mixture-of-experts layers with their own dispatch "
                          "(by default batched_mm: the same T*k expert evaluations, static sizes)")
+    an.add_argument("--no-reroll", action="store_true",
+                    help="trace every layer of a stack of identical layers (by default two "
+                         "are traced and the IR loops over all of them)")
     an.add_argument("--by-module", nargs="?", type=int, const=0, default=None, metavar="DEPTH",
                     help="roll time, FLOPs and bytes up per module (path cut at DEPTH)")
     an.add_argument("--strict", action="store_true",

@@ -41,7 +41,7 @@ below the fused traffic, equals it once the program fits, and never rises with c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..graph.einsum import Graph
 from ..ir.classify import product_factors
@@ -131,6 +131,7 @@ class ProgramCache:
         for i in range(self.n):
             self.run_start.append(i if self.reuse[i] else
                                   (self.run_start[i - 1] if i and not self.reuse[i - 1] else i))
+        self.loops = _loop_bodies(g)
         self._nests: dict[tuple[int, int], Nest | None] = {}
         self._segments: dict[tuple[int, int], tuple[dict, dict]] = {}
         self._traffic: dict[int, CacheTraffic] = {}
@@ -352,10 +353,19 @@ class ProgramCache:
             raise ValueError(f"no schedule fits in {capacity} bytes")
         extra = max(0, int(math.ceil(total - base)))
         exact = all(s.exact for s in segs)
+        looped = 0
+        for trip, body in self.loops:
+            t = body.traffic(capacity)
+            looped += trip * t.extra
+            exact &= t.exact
+        extra += looped
         fused_segments = sum(1 for s in segs if s.last > s.first)
         expl = (f"{len(segs)} segment(s) ({fused_segments} fusing several kernels), "
                 f"{extra:,} B of re-reads and spills over the fused traffic with "
                 f"{_mib(capacity)} on chip")
+        if self.loops:
+            expl += (f" ({looped:,} B of them in {len(self.loops)} sequential loop(s), "
+                     f"their body scheduled once and charged per iteration)")
         self._traffic[capacity] = CacheTraffic(capacity, fused + extra, extra, segs, exact, expl)
         return self._traffic[capacity]
 
@@ -368,6 +378,35 @@ class ProgramCache:
             if self.traffic(c).extra == 0 or c >= (1 << 40):
                 return caps
             c *= 2
+
+
+def _loop_bodies(g: Graph) -> list[tuple[int, "ProgramCache"]]:
+    """Each sequential loop whose iterations all have the same footprints (its variable in
+    no guard: a rerolled stack of layers, a recurrent step) as (trip count, the cache model
+    of one iteration's body): the body is scheduled like any kernels, and its re-reads and
+    spills are paid in every iteration. The loop's kernels themselves move their operands
+    once in the enclosing program, so nothing is charged twice."""
+    from ..graph.einsum import build_graph
+    from ..ir.model import Program, loop_segments
+    from ..ir.reroll import one_iteration
+    from .counts import count_program
+    out = []
+    for seg in loop_segments(g.program.kernels):
+        if seg[0].loop is None:
+            continue
+        var, trip, _ = seg[0].loop
+        if any(var in a.expr.vars for k in seg for a in k.guard):
+            continue
+        ks, sliced = one_iteration(seg, g.program.tensor_map)
+        # a slice the body writes (the carried residual, a kept cache) is used by another
+        # iteration or after the loop: it leaves the body as an output does
+        written = {o for k in ks for o in k.outputs}
+        decls = tuple(replace(d, role="output") if d.name in written else d
+                      for d in sliced.values())
+        body = Program(g.program.tensors + decls, tuple(ks))
+        bg = build_graph(body)
+        out.append((trip, ProgramCache(bg, count_program(bg))))
+    return out
 
 
 def nest_key(nest: Nest) -> tuple:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ..graph.einsum import MATRIX_UNITS, Einsum, Graph, _strip_cast
+from ..graph.einsum import MATRIX_UNITS, Einsum, Graph, _strip_cast, lift
 from ..ir.model import (DRAM_ROLES, EXTERNAL_ROLES, MATRIX, SCALAR_OPS, SFU_OPS, SPECIAL, VECTOR, Access,
                         Call, Kernel, walk)
 from ..ir.affine import Atom
@@ -357,6 +357,58 @@ def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
             fused.bytes -= b
 
 
+def _per_iteration(g: Graph, idxs: list[int]) -> tuple[str, int] | None:
+    """An operator called once per iteration of a sequential loop: all its kernels in one
+    loop whose body holds other operators too (a rerolled layer's ``linear``). Its eager
+    calls each move their own operands, so its unfused traffic is the sum over iterations.
+    An operator that is the whole loop (an LSTM, a JAX ``scan``) is one library call."""
+    loops = {g.nodes[i].kernel.loop for i in idxs}
+    if len(loops) != 1 or None in loops:
+        return None
+    (loop,) = loops
+    body = sum(1 for n in g.nodes if n.kernel.loop == loop)
+    return (loop[0], loop[1]) if body > len(idxs) else None
+
+
+def _iterated_traffic(g: Graph, idxs, loop: tuple[str, int], tensors, origin,
+                      inside: set[int]) -> Traffic:
+    """Unfused traffic of an operator called in every iteration: the traffic of its
+    unrolled copy (``ir.reroll.one_iteration``: the loop variable bound, each loop-indexed
+    slice a tensor of its own), summed over iterations (one iteration times the trip count
+    when the variable is in no guard: the footprints are then the same in every one)."""
+    from ..ir.reroll import one_iteration
+    var, trip = loop
+    steady = not any(var in a.expr.vars for i in idxs for a in g.nodes[i].kernel.guard)
+    total = None
+    for it in ([0] if steady else range(trip)):
+        ks, sliced = one_iteration([g.nodes[i].kernel for i in idxs], tensors, it)
+        tmap = {**tensors, **sliced}
+        sub = {i: count_kernel(lift(k), tmap, origin) for i, k in zip(idxs, ks)}
+        produced = {o for k in ks for o in k.outputs}
+
+        def read_f(t, produced=produced):
+            return t not in produced
+
+        def write_f(t, tmap=tmap):
+            return tmap[t].role == "output" or any(
+                c not in inside for c in g.consumers.get(t.split("@")[0], []))
+        tr = _traffic(sub, idxs, tmap, read_f, write_f)
+        if total is None:
+            total = tr
+            continue
+        total.bytes += tr.bytes
+        for t, b in tr.reads.items():
+            total.reads[t] = total.reads.get(t, 0) + b
+        for t, b in tr.writes.items():
+            total.writes[t] = total.writes.get(t, 0) + b
+        total.exact &= tr.exact
+    if steady:
+        total.bytes *= trip
+        total.reads = {t: b * trip for t, b in total.reads.items()}
+        total.writes = {t: b * trip for t, b in total.writes.items()}
+    return total
+
+
 def count_program(g: Graph) -> ProgramCounts:
     tensors = g.program.tensor_map
     origin = program_dtypes(g)
@@ -374,7 +426,11 @@ def count_program(g: Graph) -> ProgramCounts:
             if tensors[t].role == "output":
                 return True
             return any(c not in inside for c in g.consumers.get(t, []))
-        tr = _traffic(kcs, idxs, tensors, read_f, write_f)
+        per_iter = _per_iteration(g, idxs)
+        if per_iter is None:
+            tr = _traffic(kcs, idxs, tensors, read_f, write_f)
+        else:
+            tr = _iterated_traffic(g, idxs, per_iter, tensors, origin, inside)
         flops = {u: sum(kcs[i].flops[u] for i in idxs) for u in (MATRIX, VECTOR, SPECIAL)}
         first = kcs[idxs[0]]
         groups.append(GroupCounts(op, first.opname, first.src, idxs,

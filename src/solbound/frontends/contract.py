@@ -51,3 +51,6 @@ class LoweredProgram:
     # IR tensor}, "optimizer_state": [IR tensors], "trained", "frozen", "unused"}; the
     # phase of each operator is in ``groups[op]["phase"]``
     training: dict | None = None
+    # stacks of repeated layers traced once and run as a sequential loop
+    # (frontends/torch/stacks.py): {"module", "layers", "period", "traced", "trip", ...}
+    rerolled: list[dict] = field(default_factory=list)

@@ -251,6 +251,9 @@ class Report:
             "kernels": [{
                 "name": k.name, "op": k.op, "kind": k.kind, "einsum": k.einsum,
                 "extents": dict(self.program.kernels[i].dims), "points": k.points,
+                **({"loop": {"var": self.program.kernels[i].loop[0],
+                             "trip": self.program.kernels[i].loop[1]}}
+                   if self.program.kernels[i].loop else {}),
                 "macs": k.macs, "flops_by_unit": k.flops, "ops_per_point": k.ops_per_point,
                 "matrix_class": k.matrix_class, "dtype": k.dtype,
                 "reads": {t: sum(fp.elements for _, fp in lst) * tensors[t].itemsize
@@ -259,12 +262,17 @@ class Report:
             } for i, k in enumerate(pc.kernels)],
             # what the program returns, leaf by leaf (a ModelOutput's logits, each tensor of
             # a returned cache): each is written to DRAM once in the fused bound
+            # (a leaf of a rerolled stack is one layer's slice of the tensor the loop keeps)
             "outputs": [{
                 "path": o.get("path", ""), "tensor": o["ir"],
-                "shape": list(tensors[o["ir"]].shape), "dtype": tensors[o["ir"]].dtype,
-                "bytes": tensors[o["ir"]].numel * tensors[o["ir"]].itemsize,
+                "shape": list(o.get("shape") or tensors[o["ir"]].shape),
+                "dtype": tensors[o["ir"]].dtype,
+                "bytes": math.prod(o.get("shape") or tensors[o["ir"]].shape)
+                * tensors[o["ir"]].itemsize,
             } for o in (getattr(self.lowered, "outputs", None) or [])
                 if o.get("kind") == "output" and o.get("ir") in tensors],
+            # stacks of repeated layers traced once and run as a loop
+            "rerolled": list(getattr(self.lowered, "rerolled", None) or []),
             "unsupported": [{"operator": u.operator, "source": u.source, "reason": u.reason}
                             for u in self.unsupported],
             "notes": list(self.program.notes) + pc.unfused.notes + pc.fused.notes,

@@ -46,6 +46,25 @@ def tolerance(dtype: str, k_max: int, depth: int) -> float:
     return 8.0 * eps * growth * max(1.0, depth) ** 0.25
 
 
+def operator_calls(p: Program) -> int:
+    """Operators the program runs: an operator inside a sequential loop whose body holds
+    other operators too (a rerolled layer's ``linear``) runs once per iteration, as its
+    unrolled copies did; one that is the whole loop (an LSTM) once."""
+    ops: dict[str, set] = {}
+    for k in p.kernels:
+        ops.setdefault(k.op or k.name, set()).add(k.loop)
+    body_ops: dict = {}
+    for op, loops in ops.items():
+        for lp in loops:
+            if lp is not None:
+                body_ops.setdefault(lp, set()).add(op)
+    n = 0
+    for op, loops in ops.items():
+        (lp,) = loops if len(loops) == 1 else (None,)
+        n += lp[1] if lp is not None and len(body_ops[lp]) > 1 else 1
+    return n
+
+
 def tolerance_rule(dtype: str) -> str:
     """:func:`tolerance`'s rule in words, for the report."""
     return (f"max|ir-ref|/max|ref| <= 8 eps({dtype})"

@@ -17,8 +17,8 @@ from ...ir.model import Call, walk
 from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EPS, F64_SHRINK,
                                  _InputScale, _is_constant, _max_abs_diff, _progress,
                                  _strided, _structure, compare, estimate_cost,
-                                 fits_budget, max_reduction, rel_error, tolerance,
-                                 tolerance_rule)
+                                 fits_budget, max_reduction, operator_calls, rel_error,
+                                 tolerance, tolerance_rule)
 
 def _to_np(t) -> np.ndarray:
     import torch
@@ -54,7 +54,10 @@ def _feeds(lowered, inputs: tuple, state_of) -> dict[str, np.ndarray]:
     feeds = {spec["ir"]: _to_np(val) for spec, val in zip(lowered.inputs, inputs)
              if spec.get("ir")}
     for s in lowered.state:
-        feeds[s["ir"]] = _to_np(state_of(s["target"]))
+        if s.get("stacked"):     # one tensor per layer of a rerolled stack
+            feeds[s["ir"]] = np.stack([_to_np(state_of(t)) for t in s["target"]])
+        else:
+            feeds[s["ir"]] = _to_np(state_of(s["target"]))
     return feeds
 
 
@@ -68,8 +71,8 @@ def _graph_args(ep, model, inputs: tuple) -> list:
 def run_original(model, inputs: tuple, lowered, ep=None) -> dict[str, Any]:
     """Golden values: IR-named inputs/state before the call, and the outputs after."""
     import torch
-    before = {s["target"]: _state_value(model, s["target"], ep).detach().clone()
-              for s in lowered.state}
+    before = {t: _state_value(model, t, ep).detach().clone() for s in lowered.state
+              for t in (s["target"] if s.get("stacked") else [s["target"]])}
     feeds = _feeds(lowered, inputs, before.__getitem__)
     try:
         with torch.no_grad():
@@ -271,7 +274,7 @@ def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
         gold = run_original(model, inputs, lowered, ep)
     dtypes = [t.dtype for t in p.tensors if t.role == "output"]
     src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
-    tol = tolerance(src_dtype, max_reduction(p), len(lowered.groups))
+    tol = tolerance(src_dtype, max_reduction(p), operator_calls(p))
     try:
         with _progress(len(p.kernels)) as tick:
             def on_kernel(k, arrays, hook=hook):
@@ -415,10 +418,11 @@ def _structure_difference(a, b) -> str:
 def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
                     max_bytes: int = DEFAULT_MAX_BYTES, max_seconds: float = DEFAULT_MAX_SECONDS) -> dict:
     """Fill ``rep.validation``; reduce shapes when the program is over budget."""
-    from .capture import FrontendError, export_program, input_structure, state_structure
-    from .lower import lower
+    from .capture import FrontendError
+    from .stacks import export_and_lower
 
     keep = getattr(rep, "keep_experts_dispatch", False)
+    reroll = getattr(rep, "reroll", True)
     routing = getattr(rep, "routing", None)
     if getattr(rep, "train", None) is not None:
         from .train import validate_step
@@ -439,11 +443,10 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
         def fits(m, inp) -> bool:
             """The instance traces, keeps the kernel structure and is within budget."""
             try:
-                ep_r = export_program(m, tuple(inp), rep.source, keep_experts=keep,
-                                      routing=routing)
+                _, low_r = export_and_lower(m, tuple(inp), rep.source, keep_experts=keep,
+                                            routing=routing, reroll_layers=reroll)
             except Exception:  # noqa: BLE001 - a size the program does not accept
                 return False
-            low_r = lower(ep_r, (), input_structure(inp), state_structure(m))
             return fits_budget(low_r.program, lowered.program, max_bytes, max_seconds)
 
         found = None
@@ -499,8 +502,8 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
     # decompose differently (a 3-d linear as bmm instead of addmm), which would change the
     # kernel structure being checked
     try:
-        ep = export_program(model, tuple(inputs), rep.source, keep_experts=keep, routing=routing)
-        low = lower(ep, (), input_structure(inputs), state_structure(model))
+        ep, low = export_and_lower(model, tuple(inputs), rep.source, keep_experts=keep,
+                                   routing=routing, reroll_layers=reroll)
     except FrontendError as e:
         rep.validation = {"status": "inconclusive",
                           "reason": f"re-tracing the model with real tensors failed: {e}"}

@@ -1,0 +1,369 @@
+"""Repeated structure traced once: a stack of identical layers becomes one IR loop.
+
+Tracing unrolls a Python loop over an ``nn.ModuleList``: every layer is exported,
+decomposed, lowered and counted again, so a model's analysis time grows with its depth
+(Llama-3-70B's 80 layers). Here:
+
+1. ``find_stacks`` finds the ``nn.ModuleList``/``nn.Sequential`` whose layers are one
+   structure repeated with some period ``p`` (same classes, parameter and buffer shapes and
+   dtypes, plain attributes; an attribute equal to the layer's own index, such as
+   ``layer_idx``, may differ): decoders of one layer kind have ``p = 1``, alternating
+   sliding and full attention ``p = 2``.
+2. ``truncated`` holds two periods of each stack while the model is traced (and a config's
+   layer count and per-layer lists, where the model reads them).
+3. ``reroll_stacks`` finds the kernels of each traced layer (by the module path the export
+   records), folds the two periods into one sequential loop with ``ir.reroll`` and runs it
+   ``L / p`` times: parameters stacked per layer, the residual stream carried, a KV cache
+   kept per layer. The claim that the untraced layers are the same program as the traced
+   ones is stated in the report's notes; validation runs the rerolled IR against the whole
+   model.
+
+Whatever does not reroll (copies that differ, a layer's output read from outside the
+stack) is named in one note, and the whole model is traced as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+from ...ir.model import kernel_reads
+from ...ir.reroll import RerollError, reroll
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+@dataclass(frozen=True)
+class Stack:
+    path: str          # qualified name of the ModuleList in the model
+    length: int        # layers it holds
+    period: int        # layers per loop iteration
+    lead: int = 0      # layers traced before the loop (the first, when it reads an input)
+    tail: int = 0      # layers traced after it (the last, when it writes an output)
+
+    @property
+    def traced(self) -> int:
+        return self.lead + 2 * self.period + self.tail
+
+    @property
+    def trip(self) -> int:
+        return (self.length - self.lead - self.tail) // self.period
+
+
+def _attrs(layer) -> dict[tuple[str, str], object]:
+    """Plain attributes of a layer's modules: (submodule, attribute) -> value."""
+    return {(name, k): v for name, m in layer.named_modules() for k, v in vars(m).items()
+            if not k.startswith("_") and isinstance(v, _PLAIN)}
+
+
+def _signature(layer, skip: set) -> tuple:
+    """What makes two layers the same program: classes, parameter and buffer shapes,
+    dtypes and grad flags, plain attributes (but ``skip``: the layer's own index),
+    submodule by submodule."""
+    attrs = _attrs(layer)
+    sig = []
+    for name, m in layer.named_modules():
+        params = tuple((n, tuple(p.shape), str(p.dtype), p.requires_grad)
+                       for n, p in m.named_parameters(recurse=False))
+        bufs = tuple((n, tuple(b.shape), str(b.dtype))
+                     for n, b in m.named_buffers(recurse=False) if b is not None)
+        sig.append((name, type(m).__qualname__, params, bufs))
+    return tuple(sig) + tuple(sorted((k, repr(v)) for k, v in attrs.items() if k not in skip))
+
+
+def find_stacks(model, max_period: int = 8) -> list[Stack]:
+    """The outermost module lists whose layers repeat with a period ``p`` and hold more
+    than two periods. An integer attribute equal to each layer's own position (a
+    ``layer_idx``) is the one thing allowed to differ."""
+    import torch.nn as nn
+    stacks: list[Stack] = []
+    for path, m in model.named_modules():
+        if not isinstance(m, (nn.ModuleList, nn.Sequential)) or not path:
+            continue
+        if any(path.startswith(s.path + ".") for s in stacks):
+            continue
+        layers = list(m)
+        n = len(layers)
+        if n < 3:
+            continue
+        attrs = [_attrs(layer) for layer in layers]
+        index = {key for key in attrs[0]
+                 if all(type(a.get(key)) is int and a.get(key) == i for i, a in enumerate(attrs))}
+        sigs = [_signature(layer, index) for layer in layers]
+        for p in range(1, min(max_period, n // 2) + 1):
+            if n % p == 0 and n > 2 * p and all(sigs[i] == sigs[i % p] for i in range(n)):
+                stacks.append(Stack(path, n, p))
+                break
+    return stacks
+
+
+def _configs(model) -> list:
+    """Config objects the model's modules hold (transformers' ``config``), with their
+    sub-configs."""
+    seen: dict[int, object] = {}
+    todo = [getattr(m, "config", None) for m in model.modules()]
+    while todo:
+        c = todo.pop()
+        if c is None or id(c) in seen or not hasattr(c, "to_dict"):
+            continue
+        seen[id(c)] = c
+        todo.extend(v for v in vars(c).values() if hasattr(v, "to_dict"))
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def truncated(model, stacks: list[Stack]):
+    """Each stack holds its first two periods inside the block; a config's layer count
+    equal to a stack's length, and its per-layer lists, follow (a model may size its cache
+    or slice its layers by them). Everything is put back afterwards."""
+    saved = []
+    try:
+        for s in stacks:
+            ml = model.get_submodule(s.path)
+            saved.append((ml, "_modules", ml._modules))
+            ml._modules = OrderedDict(list(ml._modules.items())[: s.traced])
+            for cfg in _configs(model):
+                for k, v in list(vars(cfg).items()):
+                    if "layer" not in k.lower():
+                        continue
+                    if type(v) is int and v == s.length:
+                        saved.append((cfg, k, v))
+                        setattr(cfg, k, s.traced)
+                    elif isinstance(v, (list, tuple)) and len(v) == s.length:
+                        saved.append((cfg, k, v))
+                        setattr(cfg, k, type(v)(v[: s.traced]))
+        yield
+    finally:
+        for obj, k, v in reversed(saved):
+            if k == "_modules":
+                obj._modules = v
+            else:
+                setattr(obj, k, v)
+
+
+def _layer_of(module: str, path: str) -> int | None:
+    m = re.match(re.escape(path) + r"\.(\d+)(\.|$)", module)
+    return int(m.group(1)) if m else None
+
+
+def _advance(names: list[str], n: int) -> list[str]:
+    """``n`` names continuing the progression of the first two (their one differing
+    number advances by a fixed step): ``layers.0.w``, ``layers.1.w`` -> ``layers.i.w``.
+
+    >>> _advance(['m.layers.1.w', 'm.layers.3.w'], 3)
+    ['m.layers.1.w', 'm.layers.3.w', 'm.layers.5.w']
+    """
+    a, b = re.split(r"(\d+)", names[0]), re.split(r"(\d+)", names[1])
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y] if len(a) == len(b) else []
+    if len(diff) != 1 or diff[0] % 2 == 0:
+        raise RerollError(f"{names[0]!r} and {names[1]!r} differ in more than one number")
+    i = diff[0]
+    start, step = int(a[i]), int(b[i]) - int(a[i])
+    return ["".join(a[:i] + [str(start + c * step)] + a[i + 1:]) for c in range(n)]
+
+
+def reroll_stacks(lowered, stacks: list[Stack]):
+    """``lowered`` (traced with ``truncated``) with each stack's two traced periods folded
+    into one loop of ``length / period`` iterations. Raises ``RerollError``."""
+    from ..contract import LoweredProgram
+    if lowered.random_draws:
+        raise RerollError("the program draws random numbers (each layer's draws differ)")
+    if lowered.unsupported:
+        raise RerollError("the program has unsupported operators")
+    notes = []
+    for s in stacks:
+        p = lowered.program
+        owner: dict[int, int] = {}
+        for pos, k in enumerate(p.kernels):
+            layer = _layer_of(lowered.groups.get(k.op, {}).get("module", ""), s.path)
+            if layer is not None and s.lead <= layer < s.traced - s.tail:
+                owner[pos] = (layer - s.lead) // s.period
+        if len(set(owner.values())) != 2:
+            raise RerollError(f"{s.path}: no kernel is attributed to its layers")
+        p = _gather(p, owner)
+        lowered = replace(lowered, program=p)
+        first = min(owner)
+        n0 = sum(1 for c in owner.values() if c == 0)
+        n1 = len(owner) - n0
+        copies = [list(range(first, first + n0)), list(range(first + n0, first + n0 + n1))]
+        new, info = reroll(p, copies, trip=s.trip, var="layer")
+        lowered = _remap(lowered, new, info, s)
+        if s.tail:
+            # the layers traced after the loop stand for the stack's last layers
+            shift = s.length - s.traced
+
+            def last(t: str) -> str:
+                i = _layer_of(t, s.path)
+                if i is None or i < s.traced - s.tail:
+                    return t
+                return re.sub(re.escape(s.path) + r"\.\d+", f"{s.path}.{i + shift}", t, count=1)
+            lowered.state = [dict(st, target=last(st["target"])) if not st.get("stacked") else st
+                             for st in lowered.state]
+        notes.append(f"{s.path}: {s.length} layers of one structure"
+                     + (f" (period {s.period})" if s.period > 1 else "")
+                     + f"; {s.traced} traced and rerolled into a loop of {s.trip} iterations "
+                       f"(the others are taken to be the same program: same classes, "
+                       f"parameter shapes and attributes)")
+    prog = lowered.program
+    lowered.program = prog.__class__(prog.tensors, prog.kernels, prog.notes + tuple(notes))
+    assert isinstance(lowered, LoweredProgram)
+    return lowered
+
+
+def _gather(p, owner: dict[int, int]):
+    """``p`` with the kernels of each copy (``owner``: position -> copy) made consecutive,
+    copy 0 first, where only independent kernels change order (a cache's output copy that
+    the lowering placed at the end of the program moves back into its layer)."""
+    ks = list(p.kernels)
+    first = min(owner)
+    order = ([i for i in range(first) if i not in owner]
+             + [i for c in (0, 1) for i in sorted(owner) if owner[i] == c]
+             + [i for i in range(first, len(ks)) if i not in owner])
+    if order == list(range(len(ks))):
+        return p
+    rw = []
+    for k in ks:
+        reads = {a.tensor for a in kernel_reads(k)}
+        rw.append((reads, set(k.outputs)))
+    where = {i: n for n, i in enumerate(order)}
+    moved = [i for i in range(len(ks)) if where[i] != i]
+    for a in moved:
+        for b in range(len(ks)):
+            if a != b and (a < b) != (where[a] < where[b]):
+                (ra, wa), (rb, wb) = rw[a], rw[b]
+                if wa & (rb | wb) or wb & ra:
+                    raise RerollError(f"kernel {ks[a].name} of a layer cannot move next to its "
+                                      f"layer's other kernels (it depends on {ks[b].name})")
+    return p.__class__(p.tensors, tuple(ks[i] for i in order), p.notes)
+
+
+def _remap(lowered, program, info, s: Stack):
+    """The frontend facts of ``lowered`` for the rerolled ``program``."""
+    trip = info.trip
+    tensors = program.tensor_map
+    member_of = {m: (new, c) for new, ms in {**info.stacked, **info.kept}.items()
+                 for c, m in enumerate(ms)}
+    state = []
+    done = set()
+    for st in lowered.state:
+        if st["ir"] not in member_of:
+            state.append(st)
+            continue
+        new, _ = member_of[st["ir"]]
+        if new in done:
+            continue
+        done.add(new)
+        targets = [next(x["target"] for x in lowered.state if x["ir"] == m)
+                   for m in info.stacked[new]]
+        state.append({"ir": new, "role": st["role"], "target": _advance(targets, trip),
+                      "stacked": True})
+    for t in info.removed:
+        if any(st.get("ir") == t for st in state):
+            raise RerollError(f"{t}: state the loop no longer holds")
+    # outputs: the traced copies' outputs are consecutive blocks of one layout each
+    outs = lowered.outputs
+    pos = [[i for i, o in enumerate(outs) if member_of.get(o.get("ir"), (None, -1))[1] == c]
+           for c in range(info.traced)]
+    for i, o in enumerate(outs):
+        if o.get("ir") in info.removed and o.get("ir") not in member_of:
+            raise RerollError(f"output {o.get('path') or o['ir']} is a layer's value the loop "
+                              f"does not keep")
+    if pos[0]:
+        n = len(pos[0])
+        first = pos[0][0]
+        if any(p != list(range(first + c * n, first + (c + 1) * n)) for c, p in enumerate(pos)):
+            raise RerollError("the layers' outputs are not one block per layer")
+        block = outs[first:first + n]
+        nxt = outs[first + n:first + 2 * n]
+        new_block = []
+        for c in range(trip):
+            for o0, o1 in zip(block, nxt):
+                if o0["kind"] != "output":
+                    raise RerollError(f"a layer's {o0['kind']} ({o0.get('target')})")
+                new, _ = member_of[o0["ir"]]
+                numel = 1
+                for d in tensors[new].shape[1:]:
+                    numel *= d
+                e = dict(o0, ir=new, offset=o0.get("offset", 0) + c * numel)
+                if o0.get("path") and o1.get("path") and o0["path"] != o1["path"]:
+                    e["path"] = _advance([o0["path"], o1["path"]], c + 1)[c]
+                new_block.append(e)
+        outs = outs[:first] + new_block + outs[first + info.traced * n:]
+    used_ops = {k.op for k in program.kernels}
+    body_ops = {k.op for k in program.kernels if k.loop and k.loop[2] == info.loop_id}
+    groups = {}
+    for op, g in lowered.groups.items():
+        if op not in used_ops:
+            continue
+        if op in body_ops and g.get("module"):
+            layer = _layer_of(g["module"], s.path)
+            if layer is not None:
+                star = "*" if s.period == 1 else f"{layer % s.period}::{s.period}"
+                g = dict(g, module=re.sub(re.escape(s.path) + r"\.\d+", f"{s.path}.{star}",
+                                          g["module"], count=1))
+        groups[op] = g
+    return replace(lowered, program=program, state=state, outputs=outs, groups=groups,
+                   values={}, partial=set(lowered.partial) - info.removed,
+                   rerolled=list(lowered.rerolled) + [{
+                       "module": s.path, "layers": s.length, "period": s.period,
+                       "traced": s.traced, "trip": trip, "loop": info.var,
+                       "body_kernels": len(info.body)}])
+
+
+def export_and_lower(model, inputs: tuple, source: str, *, user_files=(), reroll_layers=True,
+                     timings: dict | None = None, **export_kw):
+    """``export_program`` then ``lower``, with each stack of repeated layers traced once
+    (``reroll_layers``; see the module doc). Returns ``(ep, lowered)``; ``timings`` gets
+    ``export_s``, the seconds spent tracing."""
+    import time
+
+    from .capture import export_program, input_structure, state_structure
+    from .lower import lower as _lower
+    timings = {} if timings is None else timings
+    timings["export_s"] = 0.0
+
+    def export(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return export_program(*a, **kw)
+        finally:
+            timings["export_s"] += time.perf_counter() - t0
+
+    def lower(*a):
+        return _lower(*a)
+    stacks = find_stacks(model) if reroll_layers else []
+    names = ", ".join(s.path for s in stacks)
+    failure = None
+    for _ in range(3):
+        if not stacks:
+            break
+        try:
+            with truncated(model, stacks):
+                ep = export(model, inputs, source, **export_kw)
+                low = lower(ep, user_files, input_structure(inputs), state_structure(model))
+            low = reroll_stacks(low, stacks)
+            return ep, low
+        except RerollError as e:
+            failure = str(e)
+            # the first layer reads a program input, or the last one's value is returned:
+            # trace that layer outside the loop and reroll the others
+            grow = {"carry-in": "lead", "carry-out": "tail"}.get(e.kind)
+            if grow is None or any(getattr(s, grow) for s in stacks):
+                break
+            stacks = [replace(s, **{grow: s.period}) for s in stacks]
+            stacks = [s for s in stacks if s.trip > 2]
+        except Exception as e:  # noqa: BLE001 - the truncated model may not trace: trace all
+            from ..loading import oneline
+            failure = f"the model with {stacks[0].traced} of {stacks[0].length} layers does " \
+                      f"not trace ({oneline(e)})"
+            break
+    if failure is not None:
+        note = f"{names}: repeated layers not rerolled, every layer traced: {failure}"
+    ep = export(model, inputs, source, **export_kw)
+    low = lower(ep, user_files, input_structure(inputs), state_structure(model))
+    if failure is not None:
+        prog = low.program
+        low.program = prog.__class__(prog.tensors, prog.kernels, prog.notes + (note,))
+    return ep, low
