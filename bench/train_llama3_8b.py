@@ -10,7 +10,7 @@ would show if its FLOPs were counted the way MFU counts them (6 N D, or the step
 FLOPs). ``--layers N`` analyzes N layers (the others are identical: the counts of the
 32-layer model are linear in N, which the closed forms in docs/training.md use).
 
-    python bench/train_llama3_8b.py [--layers 32] [--tokens 4096]
+    python bench/train_llama3_8b.py [--layers 32] [--tokens 4096] [--no-reroll]
 """
 
 from __future__ import annotations
@@ -56,11 +56,14 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-reroll", action="store_true",
+                    help="trace every layer (by default two are traced and rerolled)")
     a = ap.parse_args()
     model, ids = build(a.layers, a.tokens)
     n_params = sum(p.numel() for p in model.parameters())
     t0 = time.perf_counter()
-    rep = solbound.analyze(Step(model), (ids, ids), arch=CHIPS, train=True)
+    rep = solbound.analyze(Step(model), (ids, ids), arch=CHIPS, train=True,
+                           reroll=not a.no_reroll)
     secs = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     tr = rep.training

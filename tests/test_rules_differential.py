@@ -439,6 +439,9 @@ def make_inputs(shapes, make):
 
 
 _CACHE: dict = {}
+# every test of this file on one xdist worker (``--dist loadgroup``, pyproject's addopts):
+# the last one reuses the lowerings the others cached instead of lowering every case again
+pytestmark = pytest.mark.xdist_group("rules_differential")
 
 
 def lowered_for(name, fn, shapes, mods, make):

@@ -460,6 +460,7 @@ def test_masked_fill_attention_backward_keeps_the_mask():
     assert mm == sorted([tri] * 4 + [T * E * E] * 3)
 
 
+@pytest.mark.slow      # ~16 s; run with -m slow
 def test_checkpointed_regions_are_noted_not_counted():
     """transformers' gradient checkpointing: the step's counts are those of the step
     without it (the bound counts no recomputation), and each checkpointed layer is named
@@ -486,6 +487,7 @@ def test_checkpointed_regions_are_noted_not_counted():
     assert sum("checkpointed region m.model.layers.0" in n for n in rep.program.notes) == 1
 
 
+@pytest.mark.slow      # ~19 s; run with -m slow
 def test_step_over_budget_validates_at_reduced_shapes():
     """Over the validation budget, a smaller instance of the file (its size constants
     scaled down) whose step keeps the kernel structure is validated instead."""

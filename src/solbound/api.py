@@ -70,33 +70,28 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
         return _analyze_jax(module, inputs, arch=arch, precision_policy=precision_policy,
                             source=source, validate=validate, cache=cache, train=train,
                             optimizer=optimizer, **validate_opts)
-    from .frontends.torch.capture import export_program, input_structure, state_structure
-    from .frontends.torch.lower import lower
-
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)                       # a bare tensor: the one input
     src = source or type(module).__name__
     t0 = time.perf_counter()
     if select_fraction is not None and not 0 <= select_fraction <= 1:
         raise ValueError(f"select_fraction {select_fraction}: expected a number in [0, 1]")
-    if train:
-        from .frontends.torch.train import export_train_step
-        ep = export_train_step(module, tuple(inputs), src,
-                               optimizer=optimizer if not isinstance(optimizer, str) else None,
-                               optimizer_name=optimizer if isinstance(optimizer, str) else None,
-                               problem_module=problem_module,
-                               keep_experts=keep_experts_dispatch, routing=routing)
     user_files = (source,) if source and os.path.exists(source) else ()
+    timings: dict = {}
     if train:
-        t1 = time.perf_counter()
-        lowered = lower(ep, user_files, input_structure(inputs), state_structure(module))
+        from .frontends.torch.stacks import export_and_lower_step
+        ep, lowered = export_and_lower_step(
+            module, tuple(inputs), src, user_files=user_files, reroll_layers=reroll,
+            timings=timings, optimizer=optimizer if not isinstance(optimizer, str) else None,
+            optimizer_name=optimizer if isinstance(optimizer, str) else None,
+            problem_module=problem_module, keep_experts=keep_experts_dispatch, routing=routing)
     else:
         from .frontends.torch.stacks import export_and_lower
         ep, lowered = export_and_lower(module, tuple(inputs), src, user_files=user_files,
                                        reroll_layers=reroll, keep_experts=keep_experts_dispatch,
                                        routing=routing, select_fraction=select_fraction,
-                                       timings=(timings := {}))
-        t1 = t0 + timings.get("export_s", 0.0)
+                                       timings=timings)
+    t1 = t0 + timings.get("export_s", 0.0)
     t2 = time.perf_counter()
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"export_s": t1 - t0, "lower_s": t2 - t1}, cache=cache)

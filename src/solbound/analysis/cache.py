@@ -132,6 +132,19 @@ class ProgramCache:
             self.run_start.append(i if self.reuse[i] else
                                   (self.run_start[i - 1] if i and not self.reuse[i - 1] else i))
         self.loops = _loop_bodies(g)
+        # a sequential loop is one segment of the program (its body is scheduled on its
+        # own, below): position -> (first, last) of its loop
+        self.loop_span: dict[int, tuple[int, int]] = {}
+        i = 0
+        while i < self.n:
+            lp = g.nodes[i].kernel.loop
+            j = i
+            while lp is not None and j + 1 < self.n and g.nodes[j + 1].kernel.loop == lp:
+                j += 1
+            if lp is not None:
+                for m in range(i, j + 1):
+                    self.loop_span[m] = (i, j)
+            i = j + 1
         self._nests: dict[tuple[int, int], Nest | None] = {}
         self._segments: dict[tuple[int, int], tuple[dict, dict]] = {}
         self._traffic: dict[int, CacheTraffic] = {}
@@ -310,6 +323,10 @@ class ProgramCache:
                            if kind == "out" and self._crosses(t, capacity)))
 
     def solve(self, i: int, j: int, capacity: float):
+        if i in self.loop_span:
+            # a whole loop: what crosses its boundary, once (its body's re-reads and
+            # spills are charged per iteration in ``traffic``)
+            return Segment(i, j, self.once(i, j))
         if not any(self.reuse[i:j + 1]):
             # maps, reductions, scans and routines: a compiler streams them in one pass
             # (recomputing what it does not keep, rewriting multi-pass statistics into one),
@@ -339,6 +356,11 @@ class ProgramCache:
             starts = list(range(j, max(-1, j - MAX_SEGMENT), -1))
             if self.run_start[j] < j - MAX_SEGMENT + 1 and (j + 1 == self.n or self.reuse[j + 1]):
                 starts.append(self.run_start[j])    # a whole run without reuse, at its end
+            span = self.loop_span.get(j)
+            if span is not None:       # a loop is a segment of its own, whole
+                starts = [span[0]] if j == span[1] else []
+            else:
+                starts = [i for i in starts if i not in self.loop_span]
             for i in starts:
                 seg = self.solve(i, j, capacity)
                 if seg.bytes == math.inf and i < j:
@@ -354,9 +376,13 @@ class ProgramCache:
         extra = max(0, int(math.ceil(total - base)))
         exact = all(s.exact for s in segs)
         looped = 0
-        for trip, body in self.loops:
+        for trip, body, carry_in in self.loops:
             t = body.traffic(capacity)
-            looped += trip * t.extra
+            # the value carried in from the previous iteration is read from DRAM as the
+            # unrolled program reads the previous layer's output, unless it stays on chip
+            carried = sum(body.tensors[c].nbytes for c in carry_in
+                          if body.tensors[c].nbytes > capacity)
+            looped += trip * (t.extra + carried)
             exact &= t.exact
         extra += looped
         fused_segments = sum(1 for s in segs if s.last > s.first)
@@ -380,7 +406,7 @@ class ProgramCache:
             c *= 2
 
 
-def _loop_bodies(g: Graph) -> list[tuple[int, "ProgramCache"]]:
+def _loop_bodies(g: Graph) -> list[tuple[int, "ProgramCache", list[str]]]:
     """Each sequential loop whose iterations all have the same footprints (its variable in
     no guard: a rerolled stack of layers, a recurrent step) as (trip count, the cache model
     of one iteration's body): the body is scheduled like any kernels, and its re-reads and
@@ -403,9 +429,12 @@ def _loop_bodies(g: Graph) -> list[tuple[int, "ProgramCache"]]:
         written = {o for k in ks for o in k.outputs}
         decls = tuple(replace(d, role="output") if d.name in written else d
                       for d in sliced.values())
+        # slices of a tensor the body also writes (row l of the history it writes at l + 1)
+        carry_in = [n for n in sliced if n not in written
+                    and any(w.split("@")[0] == n.split("@")[0] for w in written)]
         body = Program(g.program.tensors + decls, tuple(ks))
         bg = build_graph(body)
-        out.append((trip, ProgramCache(bg, count_program(bg))))
+        out.append((trip, ProgramCache(bg, count_program(bg)), carry_in))
     return out
 
 

@@ -18,6 +18,13 @@ has one image per copy, and its images say what it is in the loop:
 * **private**: written afresh by every copy and read only inside it: copy 0's tensor, not
   indexed by the loop variable (``model.loop_private``).
 
+Copy 1 may also read other rows of a tensor than copy 0 at constants that differ (the
+backward of layer 0 reads what the forward kept for layer 0, after layer 1's read layer 1's):
+the index becomes affine in the loop variable (``f[1 - l]``), from two copies only.
+:func:`extend` then runs loops rerolled from two traced copies over all of them, anchoring
+each row at the first or the last copy; :func:`find_copies` finds two copies by structure
+where no module path says which kernels are whose (a training step's backward).
+
 ``trip`` may exceed ``k``: the loop then runs the body ``trip`` times, which is right when the
 untraced copies are the same program as the traced ones (the caller's claim, which it states
 and which validation checks on the real program). What is read outside the loop from the
@@ -96,10 +103,6 @@ class Rerolled:
     carried: dict[str, list[str]] = field(default_factory=dict)   # new -> before, after each
     removed: set[str] = field(default_factory=set)    # tensors no longer in the program
 
-    def members(self, name: str, n: int | None = None) -> list[str]:
-        """The traced tensors a stacked or kept tensor stands for."""
-        return (self.stacked.get(name) or self.kept.get(name) or [])[: n]
-
 
 def stacked_name(names: list[str], taken: set[str]) -> str:
     """A name for the tensor that stacks ``names``: the digit run that differs between the
@@ -130,25 +133,40 @@ def stacked_name(names: list[str], taken: set[str]) -> str:
 # matching copy c against copy 0
 
 
-def _match_expr(a, b, sigma: dict[str, str], where: str) -> None:
+def _merge_index(x, y, lv: Aff, where: str, a, b):
+    """One index position of copy 0 (``x``) and copy 1 (``y``): equal, or the same affine
+    expression with constants that differ (copy 1 reads the next row: ``x + d * l``)."""
+    if x == y:
+        return x
+    if isinstance(x, Aff) and isinstance(y, Aff) and x.terms == y.terms:
+        return x + lv * (y.const - x.const)
+    raise RerollError(f"{where}: index {a} vs {b}")
+
+
+def _match_expr(a, b, sigma: dict[str, str], where: str, lv: Aff):
+    """Copy 0's expression with copy 1's differences folded in (tensors paired in
+    ``sigma``, index constants that differ made affine in the loop variable ``lv``)."""
     if type(a) is not type(b):
         raise RerollError(f"{where}: {a} vs {b}")
     if isinstance(a, Access):
         if len(a.index) != len(b.index):
             raise RerollError(f"{where}: {a} vs {b}")
         _pair(a.tensor, b.tensor, sigma, where)
+        idx = []
         for x, y in zip(a.index, b.index):
             if isinstance(x, Access) or isinstance(y, Access):
-                _match_expr(x, y, sigma, where)
-            elif x != y:
-                raise RerollError(f"{where}: index {a} vs {b}")
-    elif isinstance(a, Call):
+                idx.append(_match_expr(x, y, sigma, where, lv))
+            else:
+                idx.append(_merge_index(x, y, lv, where, a, b))
+        return Access(a.tensor, tuple(idx))
+    if isinstance(a, Call):
         if a.op != b.op or len(a.args) != len(b.args):
             raise RerollError(f"{where}: {a.op} vs {b.op}")
-        for x, y in zip(a.args, b.args):
-            _match_expr(x, y, sigma, where)
-    elif a != b:
+        return Call(a.op, tuple(_match_expr(x, y, sigma, where, lv)
+                                for x, y in zip(a.args, b.args)))
+    if a != b:
         raise RerollError(f"{where}: {a} vs {b}")
+    return a
 
 
 def _pair(ta: str, tb: str, sigma: dict[str, str], where: str) -> None:
@@ -156,7 +174,8 @@ def _pair(ta: str, tb: str, sigma: dict[str, str], where: str) -> None:
         raise RerollError(f"{where}: {ta} stands for both {sigma[ta]} and {tb}")
 
 
-def _match_kernel(a: Kernel, b: Kernel, sigma: dict[str, str]) -> None:
+def _match_kernel(a: Kernel, b: Kernel, sigma: dict[str, str], lv: Aff) -> Kernel:
+    """Copy 0's kernel ``a`` merged with copy 1's ``b`` (see :func:`_match_expr`)."""
     where = f"kernel {b.name} (against {a.name})"
     same = ("dims", "reduce", "guard", "fill", "scan", "opname", "unit", "lib")
     for f in same:
@@ -166,10 +185,11 @@ def _match_kernel(a: Kernel, b: Kernel, sigma: dict[str, str]) -> None:
         raise RerollError(f"{where}: already inside a sequential loop")
     if (a.out2 is None) != (b.out2 is None):
         raise RerollError(f"{where}: outputs differ")
-    _match_expr(Access(a.out, a.out_index), Access(b.out, b.out_index), sigma, where)
+    out = _match_expr(Access(a.out, a.out_index), Access(b.out, b.out_index), sigma, where, lv)
     if a.out2 is not None:
         _pair(a.out2, b.out2, sigma, where)
-    _match_expr(a.body, b.body, sigma, where)
+    body = _match_expr(a.body, b.body, sigma, where, lv)
+    return replace(a, out_index=out.index, body=body)
 
 
 # ----------------------------------------------------------------------------
@@ -208,11 +228,23 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
     if any(len(c) != n for c in copies) or n == 0 or flat != list(range(flat[0], flat[0] + k * n)):
         raise RerollError("the copies are not consecutive runs of equal length")
     start, end = flat[0], flat[-1] + 1
+    used_vars = {d for kk in ks for d, _ in kk.dims} | {kk.loop[0] for kk in ks if kk.loop}
+    base_var, nv = var, 0
+    while var in used_vars:
+        nv += 1
+        var = f"{base_var}{nv}"
+    lv = Aff.var(var)
     sigmas: list[dict[str, str]] = [{}]
+    merged: list[Kernel] = []
     for c in range(1, k):
         sigma: dict[str, str] = {}
-        for i, j in zip(copies[0], copies[c]):
-            _match_kernel(ks[i], ks[j], sigma)
+        for n_, (i, j) in enumerate(zip(copies[0], copies[c])):
+            m = _match_kernel(ks[i], ks[j], sigma, lv)
+            if c == 1:
+                merged.append(m)
+            elif m != merged[n_]:
+                raise RerollError(f"kernel {ks[j].name}: indices that advance from copy to "
+                                  f"copy are rerolled from two copies only")
         sigmas.append(sigma)
     for t in sigmas[1]:
         sigmas[0][t] = t
@@ -255,14 +287,7 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
     taken = {t.name for t in program.tensors}
     info = Rerolled(var=var, trip=trip, traced=k, loop_id=0,
                     body=[ks[i].name for i in copies[0]])
-    used_vars = {d for kk in ks for d, _ in kk.dims} | {kk.loop[0] for kk in ks if kk.loop}
-    base_var, nv = var, 0
-    while var in used_vars:
-        nv += 1
-        var = f"{base_var}{nv}"
-    info.var = var
     info.loop_id = 1 + max((kk.loop[2] for kk in ks if kk.loop), default=-1)
-    lv = Aff.var(var)
     body_map: dict[str, tuple[str, Aff | None]] = {}   # slot -> (tensor, leading index)
     outside: dict[str, tuple[str, int]] = {}            # traced tensor -> (tensor, index)
     new_decls: dict[str, TensorDecl] = {}               # replaces the decl of its first member
@@ -283,7 +308,10 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
         im = images[t]
         decl = tensors[t]
         if len(set(im)) == 1:
-            if any(p in copy_of for p in writers.get(t, ())):
+            # one tensor written by every copy: only at rows that advance with the loop
+            if any(p in copy_of for p in writers.get(t, ())) and not all(
+                    var in {v for e in m.out_index if isinstance(e, Aff) for v in e.vars}
+                    for m in merged if t in m.outputs):
                 raise RerollError(f"tensor {t}: the same tensor is written by every copy")
             body_map[t] = (t, None)
             continue
@@ -314,11 +342,11 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
             continue
         if decl.role not in EXTERNAL_ROLES:
             raise RerollError(f"tensor {t}: an intermediate from before the loop, one per copy")
-        for c, x in enumerate(im):
-            if outside_readers(x, c):
-                raise RerollError(f"tensor {x}: read by copy {c} and outside it")
         name = stacked_name(im, taken)
         taken.add(name)
+        for c, x in enumerate(im):
+            if outside_readers(x, c):    # a weight the backward reads again
+                outside[x] = (name, last_or_first(c, f"tensor {x}"))
         new_decls[t] = TensorDecl(name, (trip,) + decl.shape, decl.dtype, decl.role)
         info.stacked[name] = list(im)
         body_map[t] = (name, lv)
@@ -334,10 +362,14 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
         if tensors[last].role != "intermediate":
             raise RerollError(f"tensor {last}: carried out of the loop as a {tensors[last].role}",
                               "carry-out")
+        read_between = []
         for c in range(k - 1):
             x = images[w][c]
             if any(p not in (copies[c] + copies[c + 1]) for p in readers.get(x, ())):
-                raise RerollError(f"tensor {x}: carried from copy {c} but read elsewhere too")
+                if trip != k:
+                    raise RerollError(f"tensor {x}: carried from copy {c} but read elsewhere "
+                                      f"too")
+                read_between.append((x, c + 1))   # a residual the backward reads again
             if tensors[x].role != "intermediate":
                 raise RerollError(f"tensor {x}: carried as a {tensors[x].role}")
         if any(copy_of.get(p, k - 1) != k - 1 for p in readers.get(last, ())):
@@ -353,6 +385,8 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
         body_map[w] = (name, lv + 1)
         outside[first] = (name, 0)
         outside[last] = (name, trip)
+        for x, row in read_between:
+            outside[x] = (name, row)
         removed.update([first] + [images[w][c] for c in range(k)])
 
     def in_body(a: Access) -> Access:
@@ -369,8 +403,7 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
 
     loop = (var, trip, info.loop_id)
     body = []
-    for i in copies[0]:
-        kk = ks[i]
+    for kk in merged:
         if kk.out2 is not None and body_map.get(kk.out2, (kk.out2, None))[1] is not None:
             raise RerollError(f"kernel {kk.name}: its second output {kk.out2} would need "
                               f"the loop's index")
@@ -420,3 +453,85 @@ def one_iteration(kernels, tensors: dict[str, TensorDecl], it: int = 0):
         k = _rewrite_kernel(k, lambda a, var=var: fn(var, a))
         out.append(k.bind_loop(it))
     return out, sliced
+
+
+def extend(program: Program, loops: set[int], traced: int, trip: int, stacked: set[str],
+           carried: set[str]) -> Program:
+    """Loops rerolled from ``traced`` copies (ids ``loops``) run ``trip`` iterations: their
+    stacked and kept tensors (``stacked``) grow to ``trip`` rows, carried histories to
+    ``trip + 1``. Each access's leading index is anchored at the start (``l + a``, a row
+    from the first copies), at the end (``a - l``: a loop that walks the rows backwards, as a
+    backward pass does; ``traced - 1`` or ``traced`` outside a loop: the last row), or at
+    row 0; anything else is refused."""
+    grow = trip - traced
+    names = stacked | carried
+
+    def lead(e, var: str | None, t: str, where: str) -> Aff:
+        b = e.coef(var) if var else 0
+        if set(e.vars) - ({var} if var else set()):
+            raise RerollError(f"{where}: row {e} of {t} depends on another loop")
+        a = e.const
+        if b == 1:
+            return e
+        if b == -1:
+            return e + grow
+        if b == 0:
+            if a == 0:
+                return e
+            if (t in stacked and a == traced - 1) or (t in carried and a == traced):
+                return e + grow
+        raise RerollError(f"{where}: row {e} of {t} is neither the first, the last nor one "
+                          f"that advances with a loop")
+
+    def fix(k: Kernel):
+        var = k.loop[0] if k.loop is not None and k.loop[2] in loops else None
+
+        def fn(a: Access) -> Access:
+            if a.tensor in names:
+                return Access(a.tensor, (lead(a.index[0], var, a.tensor, k.name),) + a.index[1:])
+            if var is not None and any(isinstance(i, Aff) and var in i.vars for i in a.index):
+                raise RerollError(f"kernel {k.name}: rows of {a.tensor} advance with the loop "
+                                  f"past the copies traced")
+            return a
+        loop = (k.loop[0], trip, k.loop[2]) if var is not None else k.loop
+        return _rewrite_kernel(k, fn, loop=loop)
+    decls = []
+    for d in program.tensors:
+        if d.name in names:
+            d = replace(d, shape=(d.shape[0] + grow,) + d.shape[1:])
+        decls.append(d)
+    return Program(tuple(decls), tuple(fix(k) for k in program.kernels), program.notes)
+
+
+def find_copies(program: Program, lo: int, hi: int, min_len: int = 2) -> list[list[int]] | None:
+    """The longest run of two consecutive copies of one body among kernels ``lo..hi - 1``
+    whose kernels have the same structure (up to tensor names and rows that advance), as
+    two lists of positions, or ``None``. Whether they really are one body with renamed
+    tensors is :func:`reroll`'s check."""
+    tensors = program.tensor_map
+    ids: dict = {}
+    sig = [ids.setdefault(_kernel_shape_loose(k, tensors), len(ids))
+           for k in program.kernels[lo:hi]]
+    n = len(sig)
+    for m in range(n // 2, min_len - 1, -1):
+        run = 0
+        for i in range(n - m):
+            run = run + 1 if sig[i] == sig[i + m] else 0
+            if run == m:
+                a = lo + i - m + 1
+                return [list(range(a, a + m)), list(range(a + m, a + 2 * m))]
+    return None
+
+
+def _kernel_shape_loose(k: Kernel, tensors) -> tuple:
+    """:func:`_kernel_shape` without the constants of indices (rows that advance)."""
+    def sub(e):
+        if isinstance(e, Access):
+            d = tensors[e.tensor]
+            return ("A", d.shape, d.dtype,
+                    tuple(sub(i) if isinstance(i, Access) else i.terms for i in e.index))
+        if isinstance(e, Call):
+            return (e.op, tuple(sub(a) for a in e.args))
+        return str(e)
+    return (k.dims, k.reduce, str(k.guard), str(k.fill), k.scan, k.opname, k.unit, k.lib,
+            k.out2 is None, sub(Access(k.out, k.out_index)), sub(k.body))

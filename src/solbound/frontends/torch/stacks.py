@@ -189,6 +189,7 @@ def reroll_stacks(lowered, stacks: list[Stack]):
         n1 = len(owner) - n0
         copies = [list(range(first, first + n0)), list(range(first + n0, first + n0 + n1))]
         new, info = reroll(p, copies, trip=s.trip, var="layer")
+        _chain(info, s)
         lowered = _remap(lowered, new, info, s)
         if s.tail:
             # the layers traced after the loop stand for the stack's last layers
@@ -210,6 +211,15 @@ def reroll_stacks(lowered, stacks: list[Stack]):
     lowered.program = prog.__class__(prog.tensors, prog.kernels, prog.notes + tuple(notes))
     assert isinstance(lowered, LoweredProgram)
     return lowered
+
+
+def _chain(info, s: Stack) -> None:
+    """The layers run one after another, each on the previous one's value: only then is
+    every layer of the list known to run (experts in a list run as the routing decides,
+    and truncating them hides the ones a trace did not reach)."""
+    if not info.carried:
+        raise RerollError(f"{s.path}: its layers are not a chain (no value is carried from "
+                          f"one to the next)")
 
 
 def _gather(p, owner: dict[int, int]):
@@ -262,35 +272,48 @@ def _remap(lowered, program, info, s: Stack):
     for t in info.removed:
         if any(st.get("ir") == t for st in state):
             raise RerollError(f"{t}: state the loop no longer holds")
-    # outputs: the traced copies' outputs are consecutive blocks of one layout each
-    outs = lowered.outputs
-    pos = [[i for i, o in enumerate(outs) if member_of.get(o.get("ir"), (None, -1))[1] == c]
-           for c in range(info.traced)]
+    # outputs: each run of copy 0's outputs is followed by the same run of copy 1's (a
+    # cache: one block per layer; a training step: the state, then the parameters)
+    outs = list(lowered.outputs)
     for i, o in enumerate(outs):
         if o.get("ir") in info.removed and o.get("ir") not in member_of:
-            raise RerollError(f"output {o.get('path') or o['ir']} is a layer's value the loop "
-                              f"does not keep")
-    if pos[0]:
-        n = len(pos[0])
-        first = pos[0][0]
-        if any(p != list(range(first + c * n, first + (c + 1) * n)) for c, p in enumerate(pos)):
+            raise RerollError(f"output {o.get('path') or o.get('target') or o['ir']} is a "
+                              f"layer's value the loop does not keep")
+    copy_of = [member_of.get(o.get("ir"), (None, -1))[1] for o in outs]
+    if sum(c == 0 for c in copy_of) != sum(c == 1 for c in copy_of) or \
+            any(c > 1 for c in copy_of):
+        raise RerollError("the layers' outputs are not one block per traced layer")
+    runs = []
+    i = 0
+    while i < len(outs):
+        if copy_of[i] != 0:
+            if copy_of[i] == 1:
+                raise RerollError("a layer's output comes before the first layer's")
+            i += 1
+            continue
+        j = i
+        while j < len(outs) and copy_of[j] == 0:
+            j += 1
+        n = j - i
+        if copy_of[j:j + n] != [1] * n:
             raise RerollError("the layers' outputs are not one block per layer")
-        block = outs[first:first + n]
-        nxt = outs[first + n:first + 2 * n]
+        runs.append((i, n))
+        i = j + n
+    for first, n in reversed(runs):
+        block, nxt = outs[first:first + n], outs[first + n:first + 2 * n]
         new_block = []
         for c in range(trip):
             for o0, o1 in zip(block, nxt):
-                if o0["kind"] != "output":
-                    raise RerollError(f"a layer's {o0['kind']} ({o0.get('target')})")
                 new, _ = member_of[o0["ir"]]
                 numel = 1
                 for d in tensors[new].shape[1:]:
                     numel *= d
                 e = dict(o0, ir=new, offset=o0.get("offset", 0) + c * numel)
-                if o0.get("path") and o1.get("path") and o0["path"] != o1["path"]:
-                    e["path"] = _advance([o0["path"], o1["path"]], c + 1)[c]
+                for key in ("path", "target"):
+                    if o0.get(key) and o1.get(key) and o0[key] != o1[key]:
+                        e[key] = _advance([o0[key], o1[key]], c + 1)[c]
                 new_block.append(e)
-        outs = outs[:first] + new_block + outs[first + info.traced * n:]
+        outs = outs[:first] + new_block + outs[first + 2 * n:]
     used_ops = {k.op for k in program.kernels}
     body_ops = {k.op for k in program.kernels if k.loop and k.loop[2] == info.loop_id}
     groups = {}
@@ -320,7 +343,7 @@ def export_and_lower(model, inputs: tuple, source: str, *, user_files=(), reroll
     import time
 
     from .capture import export_program, input_structure, state_structure
-    from .lower import lower as _lower
+    from .lower import lower
     timings = {} if timings is None else timings
     timings["export_s"] = 0.0
 
@@ -330,9 +353,6 @@ def export_and_lower(model, inputs: tuple, source: str, *, user_files=(), reroll
             return export_program(*a, **kw)
         finally:
             timings["export_s"] += time.perf_counter() - t0
-
-    def lower(*a):
-        return _lower(*a)
     stacks = find_stacks(model) if reroll_layers else []
     names = ", ".join(s.path for s in stacks)
     failure = None
@@ -366,4 +386,135 @@ def export_and_lower(model, inputs: tuple, source: str, *, user_files=(), reroll
     if failure is not None:
         prog = low.program
         low.program = prog.__class__(prog.tensors, prog.kernels, prog.notes + (note,))
+    return ep, low
+
+
+# --- the training step -------------------------------------------------------------------
+
+
+def reroll_step(lowered, s: Stack):
+    """A training step traced with ``truncated``: the forward's two traced layers, the
+    backward's (which walks them in reverse) and the optimizer's updates of their
+    parameters each become a loop, then every loop runs ``s.trip`` iterations
+    (``ir.reroll.extend``). Module paths do not survive AOTAutograd, so each phase's two
+    copies are found by structure (``ir.reroll.find_copies``) and checked by ``reroll``."""
+    from ...ir.reroll import extend, find_copies
+    if lowered.random_draws:
+        raise RerollError("the step draws random numbers (each layer's draws differ)")
+    if lowered.unsupported:
+        raise RerollError("the step has unsupported operators")
+    if s.lead or s.tail:
+        raise RerollError("the first or last layer would have to stay outside the loop")
+    infos = []
+    for phase in ("forward", "backward", "optimizer"):
+        p = lowered.program
+        pos = [i for i, k in enumerate(p.kernels) if k.loop is None
+               and lowered.groups.get(k.op, {}).get("phase") == phase]
+        copies = find_copies(p, min(pos), max(pos) + 1, min_len=2) if pos else None
+        if copies is None:
+            raise RerollError(f"no two repeated layers found in the {phase}")
+        new, info = reroll(p, copies, var="layer")
+        if phase != "optimizer":
+            _chain(info, s)
+        lowered = replace(lowered, program=new)
+        infos.append((phase, info))
+    stacked = {n for _, i in infos for n in list(i.stacked) + list(i.kept)}
+    carried = {n for _, i in infos for n in i.carried}
+    program = extend(lowered.program, {i.loop_id for _, i in infos}, 2, s.trip, stacked,
+                     carried)
+    member = {}
+    for _, info in infos:
+        for new, ms in {**info.stacked, **info.kept, **info.carried}.items():
+            for m in ms:
+                member[m] = new
+    removed = set().union(*(i.removed for _, i in infos))
+    for phase, info in infos:
+        info.trip = s.trip
+        lowered = _remap(lowered, program, info, s)
+        lowered.rerolled[-1]["phase"] = phase
+    tr = dict(lowered.training or {})
+    for key in ("trained", "stepped", "frozen", "unused"):
+        if key in tr:
+            tr[key] = _all_layers(tr[key], s)
+    grads, rows = {}, {}
+    traced_grads = tr.get("gradients") or {}
+    for pname, ir in traced_grads.items():
+        new = member.get(ir, ir)
+        if new == ir:
+            grads[pname], rows[pname] = ir, (ir, None)
+            continue
+        # the rows of a gradient the backward keeps per layer, in the order it walks them
+        ms = next(ms for _, i in infos for n, ms in i.kept.items() if n == new)
+        layers = [_layer_of(next(q for q, g in traced_grads.items() if g == m), s.path)
+                  for m in ms]
+        step = layers[1] - layers[0]
+        start = layers[0] if step > 0 else layers[0] + s.length - s.traced
+        for name in _all_layers([pname], s):
+            grads[name] = new
+            rows[name] = (new, (_layer_of(name, s.path) - start) // step)
+    tr["gradients"] = grads
+    tr["gradient_rows"] = rows
+    tr["optimizer_state"] = list(dict.fromkeys(member.get(t, t)
+                                               for t in tr.get("optimizer_state", [])))
+    lowered.training = tr
+    lowered.partial = set(lowered.partial) - removed
+    lowered.program = program.__class__(program.tensors, program.kernels, program.notes + (
+        f"{s.path}: {s.length} layers of one structure; the step of {s.traced} traced and "
+        f"rerolled into forward, backward and optimizer loops of {s.trip} iterations (the "
+        f"others are taken to be the same program: same classes, parameter shapes and "
+        f"attributes)",))
+    return lowered
+
+
+def _all_layers(names: list[str], s: Stack) -> list[str]:
+    """Names of the traced layers' parameters, for every layer of the stack."""
+    out = []
+    for n in names:
+        i = _layer_of(n, s.path)
+        if i is None:
+            out.append(n)
+        elif i < s.period:
+            out += [re.sub(re.escape(s.path) + r"\.\d+", f"{s.path}.{i + c * s.period}", n,
+                           count=1) for c in range(s.trip)]
+    return out
+
+
+def export_and_lower_step(model, inputs: tuple, source: str, *, user_files=(),
+                          reroll_layers=True, timings: dict | None = None, **step_kw):
+    """``export_train_step`` then ``lower``, with a stack of repeated layers traced for two
+    layers and rerolled (:func:`reroll_step`); whatever does not reroll is traced whole
+    with a note. ``timings`` gets ``export_s``."""
+    import time
+
+    from .capture import input_structure, state_structure
+    from .lower import lower
+    from .train import export_train_step
+    timings = {} if timings is None else timings
+    t0 = time.perf_counter()
+    stacks = find_stacks(model) if reroll_layers else []
+    failure = None
+    if len(stacks) == 1:
+        try:
+            with truncated(model, stacks):
+                ep = export_train_step(model, inputs, source, **step_kw)
+                timings["export_s"] = time.perf_counter() - t0
+                low = lower(ep, user_files, input_structure(inputs), state_structure(model))
+            return ep, reroll_step(low, stacks[0])
+        except RerollError as e:
+            failure = str(e)
+        except Exception as e:  # noqa: BLE001 - the truncated model may not trace: trace all
+            from ..loading import oneline
+            failure = f"the step with {stacks[0].traced} of {stacks[0].length} layers does " \
+                      f"not trace ({oneline(e)})"
+    elif stacks:
+        failure = "more than one stack"
+    t0 = time.perf_counter()
+    ep = export_train_step(model, inputs, source, **step_kw)
+    timings["export_s"] = time.perf_counter() - t0
+    low = lower(ep, user_files, input_structure(inputs), state_structure(model))
+    if failure is not None:
+        prog = low.program
+        low.program = prog.__class__(prog.tensors, prog.kernels, prog.notes + (
+            f"{', '.join(s.path for s in stacks)}: repeated layers of the step not rerolled, "
+            f"every layer traced: {failure}",))
     return ep, low

@@ -38,6 +38,8 @@ import time
 import warnings
 from collections import defaultdict
 
+import numpy as np
+
 from .lower import GROUP_KEY, OPT_PREFIX, PHASE_KEY
 
 DEFAULT_OPTIMIZER = "AdamW"
@@ -811,8 +813,8 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     replayed into the IR instead."""
     import torch
     from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EPS, _InputScale,
-                                     _strided, compare, estimate_cost, max_reduction,
-                                     rel_error, tolerance, tolerance_rule, _structure)
+                                     _strided, _structure, compare, estimate_cost, max_reduction,
+                                     operator_calls, rel_error, tolerance, tolerance_rule)
     from ...ir.execute import ExecutionError, execute
     from .capture import FrontendError
     from .lower import lower
@@ -860,10 +862,12 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
         return {"status": "inconclusive",
                 "reason": f"running the training step on real inputs failed: {oneline(e)}"}
     try:
-        ep = export_train_step(model, inputs, rep.source, optimizer=opt,
-                               keep_experts=getattr(rep, "keep_experts_dispatch", False),
-                               routing=getattr(rep, "routing", None))
-        low = lower(ep)
+        from .stacks import export_and_lower_step
+        ep, low = export_and_lower_step(model, inputs, rep.source,
+                                        reroll_layers=getattr(rep, "reroll", True),
+                                        optimizer=opt,
+                                        keep_experts=getattr(rep, "keep_experts_dispatch", False),
+                                        routing=getattr(rep, "routing", None))
     except FrontendError as e:
         return {"status": "inconclusive", "reason": f"re-tracing the step with real tensors "
                                                     f"failed: {e}"}
@@ -888,7 +892,10 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
         return _resolve(model, target)       # a tied parameter under its other name
     feeds = {spec["ir"]: _to_np(val) for spec, val in zip(low.inputs, inputs) if spec.get("ir")}
     for s in low.state:
-        feeds[s["ir"]] = _to_np(state_value(s["target"]))
+        if s.get("stacked"):      # one tensor per layer of a rerolled stack
+            feeds[s["ir"]] = np.stack([_to_np(state_value(t)) for t in s["target"]])
+        else:
+            feeds[s["ir"]] = _to_np(state_value(s["target"]))
     # the graph's own arguments (for the diagnosis and for replaying draws)
     user = iter(inputs)
     args = [next(user) if sp.kind.name == "USER_INPUT" else state_value(sp.target).detach()
@@ -933,7 +940,7 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     # and the optimizer's normalized update carries their rounding into the parameters
     dtypes = [t.dtype for t in p.tensors if t.dtype in EPS]
     src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
-    tol = tolerance(src_dtype, max_reduction(p), len(low.groups))
+    tol = tolerance(src_dtype, max_reduction(p), operator_calls(p))
 
     def on_kernel(k, arrays):
         if k.out in draws:
@@ -948,17 +955,26 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     for o in outs:
         if o["kind"] == "output":
             o["output"] = "loss"
+    rows = (low.training or {}).get("gradient_rows")
     for pname, ref in grads_ref.items():
-        node = getattr(ep, "solbound_gradients", {}).get(pname)
-        info_v = low.values.get(node) if node else None
-        if info_v is None:
-            continue
-        mine = _strided(arrays[info_v["ir"]], info_v["shape"], info_v["strides"], info_v["offset"])
-        err = rel_error(mine, ref, scale(info_v["ir"]))
+        if rows is not None:          # a rerolled step: the row of a stacked gradient
+            if pname not in rows:
+                continue
+            ir, row = rows[pname]
+            mine = arrays[ir] if row is None else arrays[ir][row]
+            err = rel_error(mine.reshape(ref.shape), ref, scale(ir))
+        else:
+            node = getattr(ep, "solbound_gradients", {}).get(pname)
+            info_v = low.values.get(node) if node else None
+            if info_v is None:
+                continue
+            mine = _strided(arrays[info_v["ir"]], info_v["shape"], info_v["strides"],
+                            info_v["offset"])
+            err = rel_error(mine, ref, scale(info_v["ir"]))
         outs.append({"output": f"grad.{pname}", "kind": "gradient", "shape": list(ref.shape),
                      "worst_rel_error": err if math.isfinite(err) else None,
                      "ok": bool(err <= tol)})
-    trained = set(ep.solbound_train["trained"])
+    trained = set((low.training or {}).get("trained") or ep.solbound_train["trained"])
     missing = sorted(n for n in trained - {o["output"][5:] for o in outs
                                             if o["kind"] == "gradient"}
                      if n in grads_ref) if grads_ref else []
