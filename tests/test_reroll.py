@@ -310,3 +310,38 @@ def test_a_list_of_experts_is_not_a_stack():
     rep = solbound.analyze(md.Model("sort"), (torch.randn(md.T, md.D),), routing="concentrated")
     assert rep.lowered.rerolled == []
     assert any("not a chain" in n for n in rep.lowered.program.notes)
+
+
+class _Tower(torch.nn.Module):
+    """A residual MLP tower after an input projection whose bias looks like a layer's
+    parameters to the optimizer (same shapes): the optimizer's two copies must be found
+    aligned to whole layers, not shifted onto the projection's update."""
+
+    def __init__(self, n=3, d_in=16, d=32):
+        super().__init__()
+        self.inp = torch.nn.Linear(d_in, d)
+        self.blocks = torch.nn.ModuleList(torch.nn.Sequential(
+            torch.nn.LayerNorm(d), torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+            torch.nn.Linear(4 * d, d)) for _ in range(n))
+        self.head = torch.nn.Linear(d, 1)
+
+    def forward(self, x, y):
+        h = self.inp(x)
+        for b in self.blocks:
+            h = h + b(h)
+        return torch.nn.functional.mse_loss(self.head(h), y)
+
+
+def test_a_tower_step_rerolls_with_its_optimizer_aligned_to_whole_layers():
+    torch.manual_seed(0)
+    b, d_in, d = 8, 16, 32
+    rep = solbound.analyze(_Tower(), (torch.randn(b, d_in), torch.randn(b, 1)), train=True,
+                           validate=True)
+    assert [r["phase"] for r in rep.lowered.rerolled] == ["forward", "backward", "optimizer"]
+    # forward: projection, 3 x (the norm's sum of squares, two linears), head, the loss's
+    # sum of squares; the backward twice each product but the projection's input gradient
+    per = b * d + 2 * b * d * 4 * d
+    assert rep.training["phases"]["forward"]["macs"] == b * d_in * d + 3 * per + b * d + b
+    v = rep.validation
+    assert v["status"] == "passed", v
+    assert v["compared"]["gradients"] == 2 + 3 * 6 + 2

@@ -397,6 +397,7 @@ def test_step_memory_against_dram_capacity_in_provision_and_project():
                                                                     "rtx-4090": False}
 
 
+@pytest.mark.slow      # ~22 s; run with -m slow
 def test_mixtral_step_closed_form_and_validation():
     """A mixture of experts: each token's k experts evaluated once (transformers'
     batched dispatch while tracing, a stated assumption), the router's products, and in

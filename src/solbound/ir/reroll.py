@@ -503,24 +503,29 @@ def extend(program: Program, loops: set[int], traced: int, trip: int, stacked: s
     return Program(tuple(decls), tuple(fix(k) for k in program.kernels), program.notes)
 
 
-def find_copies(program: Program, lo: int, hi: int, min_len: int = 2) -> list[list[int]] | None:
-    """The longest run of two consecutive copies of one body among kernels ``lo..hi - 1``
+def find_copies(program: Program, lo: int, hi: int, min_len: int = 2, limit: int = 64):
+    """Candidates for two consecutive copies of one body among kernels ``lo..hi - 1``: runs
     whose kernels have the same structure (up to tensor names and rows that advance), as
-    two lists of positions, or ``None``. Whether they really are one body with renamed
-    tensors is :func:`reroll`'s check."""
+    pairs of position lists, the longest first and, for one length, every alignment inside
+    a longer repeating run (a body may be found shifted where what precedes it looks like
+    its end). Whether a candidate really is one body with renamed tensors is
+    :func:`reroll`'s check; which alignment is the layer is the caller's."""
     tensors = program.tensor_map
     ids: dict = {}
     sig = [ids.setdefault(_kernel_shape_loose(k, tensors), len(ids))
            for k in program.kernels[lo:hi]]
     n = len(sig)
+    found = 0
     for m in range(n // 2, min_len - 1, -1):
         run = 0
         for i in range(n - m):
             run = run + 1 if sig[i] == sig[i + m] else 0
-            if run == m:
+            if run >= m:
                 a = lo + i - m + 1
-                return [list(range(a, a + m)), list(range(a + m, a + 2 * m))]
-    return None
+                yield [list(range(a, a + m)), list(range(a + m, a + 2 * m))]
+                found += 1
+                if found >= limit:
+                    return
 
 
 def _kernel_shape_loose(k: Kernel, tensors) -> tuple:

@@ -143,8 +143,13 @@ def truncated(model, stacks: list[Stack]):
                 setattr(obj, k, v)
 
 
-def _layer_of(module: str, path: str) -> int | None:
-    m = re.match(re.escape(path) + r"\.(\d+)(\.|$)", module)
+def _layer_of(name: str, path: str) -> int | None:
+    """The layer of the stack at ``path`` that a module, parameter or optimizer-state name
+    (``optimizer.<param>.<key>``) belongs to."""
+    from .lower import OPT_PREFIX
+    if name.startswith(OPT_PREFIX):
+        name = name[len(OPT_PREFIX):]
+    m = re.match(re.escape(path) + r"\.(\d+)(\.|$)", name)
     return int(m.group(1)) if m else None
 
 
@@ -167,7 +172,6 @@ def _advance(names: list[str], n: int) -> list[str]:
 def reroll_stacks(lowered, stacks: list[Stack]):
     """``lowered`` (traced with ``truncated``) with each stack's two traced periods folded
     into one loop of ``length / period`` iterations. Raises ``RerollError``."""
-    from ..contract import LoweredProgram
     if lowered.random_draws:
         raise RerollError("the program draws random numbers (each layer's draws differ)")
     if lowered.unsupported:
@@ -204,12 +208,14 @@ def reroll_stacks(lowered, stacks: list[Stack]):
                              for st in lowered.state]
         notes.append(f"{s.path}: {s.length} layers of one structure"
                      + (f" (period {s.period})" if s.period > 1 else "")
-                     + f"; {s.traced} traced and rerolled into a loop of {s.trip} iterations "
-                       f"(the others are taken to be the same program: same classes, "
-                       f"parameter shapes and attributes)")
+                     + f"; {s.traced} traced and rerolled into a loop of {s.trip} iterations"
+                     + (" (the first and the last layer outside it)" if s.lead and s.tail else
+                        " (the first layer outside it)" if s.lead else
+                        " (the last layer outside it)" if s.tail else "")
+                     + "; the others are taken to be the same program: same classes, "
+                       "parameter shapes and attributes")
     prog = lowered.program
     lowered.program = prog.__class__(prog.tensors, prog.kernels, prog.notes + tuple(notes))
-    assert isinstance(lowered, LoweredProgram)
     return lowered
 
 
@@ -410,12 +416,18 @@ def reroll_step(lowered, s: Stack):
         p = lowered.program
         pos = [i for i, k in enumerate(p.kernels) if k.loop is None
                and lowered.groups.get(k.op, {}).get("phase") == phase]
-        copies = find_copies(p, min(pos), max(pos) + 1, min_len=2) if pos else None
-        if copies is None:
-            raise RerollError(f"no two repeated layers found in the {phase}")
-        new, info = reroll(p, copies, var="layer")
-        if phase != "optimizer":
-            _chain(info, s)
+        failure = None
+        for copies in (find_copies(p, min(pos), max(pos) + 1) if pos else ()):
+            try:
+                new, info = reroll(p, copies, var="layer")
+                if phase != "optimizer":
+                    _chain(info, s)
+                _aligned(info, lowered, s, phase)
+                break
+            except RerollError as e:
+                failure = failure or e
+        else:
+            raise failure or RerollError(f"no two repeated layers found in the {phase}")
         lowered = replace(lowered, program=new)
         infos.append((phase, info))
     stacked = {n for _, i in infos for n in list(i.stacked) + list(i.kept)}
@@ -464,6 +476,32 @@ def reroll_step(lowered, s: Stack):
         f"others are taken to be the same program: same classes, parameter shapes and "
         f"attributes)",))
     return lowered
+
+
+def _aligned(info, lowered, s: Stack, phase: str) -> None:
+    """The two copies found by structure are two whole layers: the parameters they stack,
+    the gradients, updated parameters and optimizer state they keep belong to one period
+    of layers each, adjacent periods, copy by copy."""
+    target = {st["ir"]: st["target"] for st in lowered.state if not st.get("stacked")}
+    grad_of = {ir: p for p, ir in ((lowered.training or {}).get("gradients") or {}).items()}
+    for o in lowered.outputs:        # an updated parameter or optimizer state
+        if o.get("target") and o.get("ir"):
+            target.setdefault(o["ir"], o["target"])
+    named = [[target.get(m) or grad_of.get(m) for m in ms]
+             for ms in list(info.stacked.values()) + list(info.kept.values())]
+    named = [ns for ns in named if all(ns)]
+    if not named:
+        if phase == "optimizer":
+            raise RerollError("the optimizer's copies update no layer's parameters")
+        return
+    blocks = set()
+    for ns in named:
+        layers = [_layer_of(n, s.path) for n in ns]
+        if None in layers:
+            raise RerollError(f"the {phase}'s copies hold {ns[0]}, which is no layer's")
+        blocks.add(tuple(i // s.period for i in layers))
+    if len(blocks) != 1 or abs(next(iter(blocks))[1] - next(iter(blocks))[0]) != 1:
+        raise RerollError(f"the {phase}'s copies are not two whole layers")
 
 
 def _all_layers(names: list[str], s: Stack) -> list[str]:
