@@ -141,7 +141,7 @@ class ProgramCache:
             j = i
             while lp is not None and j + 1 < self.n and g.nodes[j + 1].kernel.loop == lp:
                 j += 1
-            if lp is not None:
+            if _per_iteration_loop([g.nodes[m].kernel for m in range(i, j + 1)]):
                 for m in range(i, j + 1):
                     self.loop_span[m] = (i, j)
             i = j + 1
@@ -406,6 +406,13 @@ class ProgramCache:
             c *= 2
 
 
+def _per_iteration_loop(seg) -> bool:
+    """A loop whose body holds several operators, each called once per iteration (a
+    rerolled stack of layers); a loop that is one operator (an LSTM) is one library call,
+    which moves its operands once."""
+    return seg[0].loop is not None and len({k.op or k.name for k in seg}) > 1
+
+
 def _loop_bodies(g: Graph) -> list[tuple[int, "ProgramCache", list[str]]]:
     """Each sequential loop whose iterations all have the same footprints (its variable in
     no guard: a rerolled stack of layers, a recurrent step) as (trip count, the cache model
@@ -418,7 +425,7 @@ def _loop_bodies(g: Graph) -> list[tuple[int, "ProgramCache", list[str]]]:
     from .counts import count_program
     out = []
     for seg in loop_segments(g.program.kernels):
-        if seg[0].loop is None:
+        if not _per_iteration_loop(seg):
             continue
         var, trip, _ = seg[0].loop
         if any(var in a.expr.vars for k in seg for a in k.guard):
