@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import solbound
+from programs import moe_dispatch as md
+from programs.hf import LM
 from solbound.analysis.counts import count_program
 from solbound.graph.einsum import build_graph
 from solbound.ir.execute import execute
@@ -169,22 +171,13 @@ def test_a_decoder_called_with_its_defaults_is_rerolled_with_the_counts_of_every
                                  for o in kv)
 
 
-class _NoCache(torch.nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.m = m
-
-    def forward(self, ids):
-        return self.m(input_ids=ids, use_cache=False).logits
-
-
 def test_layers_that_alternate_reroll_with_a_period():
     from transformers import Gemma2Config, Gemma2ForCausalLM
     cfg = Gemma2Config(hidden_size=64, num_hidden_layers=6, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16, intermediate_size=128,
                        vocab_size=256, sliding_window=4)
     torch.manual_seed(0)
-    m = _NoCache(Gemma2ForCausalLM(cfg).eval())
+    m = LM(Gemma2ForCausalLM(cfg).eval())
     ids = torch.randint(0, 256, (1, 8))
     full = solbound.analyze(m, (ids,), reroll=False)
     rep = solbound.analyze(m, (ids,), validate=True)
@@ -302,10 +295,6 @@ def test_a_list_of_experts_is_not_a_stack():
     """Experts in a ModuleList run as the routing decides: truncating the list would hide
     the experts a trace does not reach, so a list whose layers carry no value from one to
     the next is traced whole (the routed counts are tests/test_moe_dispatch.py's)."""
-    import os
-    import sys
-    sys.path.insert(0, os.path.dirname(__file__))
-    from programs import moe_dispatch as md
     torch.manual_seed(0)
     rep = solbound.analyze(md.Model("sort"), (torch.randn(md.T, md.D),), routing="concentrated")
     assert rep.lowered.rerolled == []

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 
 from ..graph.einsum import Graph
 from ..ir.classify import product_factors
-from ..ir.model import DRAM_ROLES, Access, Idx, walk
+from ..ir.model import DRAM_ROLES, Access, Idx, Program, loop_segments, per_iteration_loops, walk
 from .counts import ProgramCounts, _dedupe, _union
 from .tiling import Nest, Operand, best_traffic
 
@@ -135,16 +135,13 @@ class ProgramCache:
         # a sequential loop is one segment of the program (its body is scheduled on its
         # own, below): position -> (first, last) of its loop
         self.loop_span: dict[int, tuple[int, int]] = {}
+        looped = per_iteration_loops(g.program.kernels)
         i = 0
-        while i < self.n:
-            lp = g.nodes[i].kernel.loop
-            j = i
-            while lp is not None and j + 1 < self.n and g.nodes[j + 1].kernel.loop == lp:
-                j += 1
-            if _per_iteration_loop([g.nodes[m].kernel for m in range(i, j + 1)]):
-                for m in range(i, j + 1):
-                    self.loop_span[m] = (i, j)
-            i = j + 1
+        for seg in loop_segments(g.program.kernels):
+            if seg[0].loop in looped:
+                for m in range(i, i + len(seg)):
+                    self.loop_span[m] = (i, i + len(seg) - 1)
+            i += len(seg)
         self._nests: dict[tuple[int, int], Nest | None] = {}
         self._segments: dict[tuple[int, int], tuple[dict, dict]] = {}
         self._traffic: dict[int, CacheTraffic] = {}
@@ -406,26 +403,20 @@ class ProgramCache:
             c *= 2
 
 
-def _per_iteration_loop(seg) -> bool:
-    """A loop whose body holds several operators, each called once per iteration (a
-    rerolled stack of layers); a loop that is one operator (an LSTM) is one library call,
-    which moves its operands once."""
-    return seg[0].loop is not None and len({k.op or k.name for k in seg}) > 1
-
-
 def _loop_bodies(g: Graph) -> list[tuple[int, "ProgramCache", list[str]]]:
-    """Each sequential loop whose iterations all have the same footprints (its variable in
-    no guard: a rerolled stack of layers, a recurrent step) as (trip count, the cache model
-    of one iteration's body): the body is scheduled like any kernels, and its re-reads and
-    spills are paid in every iteration. The loop's kernels themselves move their operands
-    once in the enclosing program, so nothing is charged twice."""
+    """Each loop of several operators (``ir.model.per_iteration_loops``: a rerolled stack
+    of layers) whose iterations all have the same footprints (its variable in no guard) as
+    (trip count, the cache model of one iteration's body, the slices carried in): the body
+    is scheduled like any kernels, and its re-reads and spills are paid in every
+    iteration. The loop's kernels themselves move their operands once in the enclosing
+    program, so nothing is charged twice."""
     from ..graph.einsum import build_graph
-    from ..ir.model import Program, loop_segments
     from ..ir.reroll import one_iteration
     from .counts import count_program
     out = []
+    looped = per_iteration_loops(g.program.kernels)
     for seg in loop_segments(g.program.kernels):
-        if not _per_iteration_loop(seg):
+        if seg[0].loop not in looped:
             continue
         var, trip, _ = seg[0].loop
         if any(var in a.expr.vars for k in seg for a in k.guard):

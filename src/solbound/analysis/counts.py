@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..graph.einsum import MATRIX_UNITS, Einsum, Graph, _strip_cast, lift
 from ..ir.model import (DRAM_ROLES, EXTERNAL_ROLES, MATRIX, SCALAR_OPS, SFU_OPS, SPECIAL, VECTOR, Access,
-                        Call, Kernel, walk)
+                        Call, Kernel, per_iteration_loops, walk)
 from ..ir.affine import Atom
 from .footprint import Footprint, access_footprint, domain_size
 
@@ -357,17 +357,16 @@ def _reads_after_writes(g: Graph, fused: Traffic, updated: set[str]) -> None:
             fused.bytes -= b
 
 
-def _per_iteration(g: Graph, idxs: list[int]) -> tuple[str, int] | None:
-    """An operator called once per iteration of a sequential loop: all its kernels in one
-    loop whose body holds other operators too (a rerolled layer's ``linear``). Its eager
-    calls each move their own operands, so its unfused traffic is the sum over iterations.
-    An operator that is the whole loop (an LSTM, a JAX ``scan``) is one library call."""
+def _per_iteration(g: Graph, idxs: list[int], looped: set) -> tuple[str, int] | None:
+    """An operator called once per iteration of a sequential loop (``looped``:
+    ``ir.model.per_iteration_loops``, a rerolled layer's ``linear``): its eager calls each
+    move their own operands, so its unfused traffic is the sum over iterations. An operator
+    that is the whole loop (an LSTM, a JAX ``scan``) is one library call."""
     loops = {g.nodes[i].kernel.loop for i in idxs}
-    if len(loops) != 1 or None in loops:
+    if len(loops) != 1:
         return None
     (loop,) = loops
-    body = sum(1 for n in g.nodes if n.kernel.loop == loop)
-    return (loop[0], loop[1]) if body > len(idxs) else None
+    return (loop[0], loop[1]) if loop in looped else None
 
 
 def _iterated_traffic(g: Graph, idxs, loop: tuple[str, int], tensors, origin,
@@ -412,6 +411,7 @@ def _iterated_traffic(g: Graph, idxs, loop: tuple[str, int], tensors, origin,
 def count_program(g: Graph) -> ProgramCounts:
     tensors = g.program.tensor_map
     origin = program_dtypes(g)
+    looped = per_iteration_loops(g.program.kernels)
     kcs = [count_kernel(n, tensors, origin) for n in g.nodes]
     _sums_of_products(g, kcs)
     groups = []
@@ -426,7 +426,7 @@ def count_program(g: Graph) -> ProgramCounts:
             if tensors[t].role == "output":
                 return True
             return any(c not in inside for c in g.consumers.get(t, []))
-        per_iter = _per_iteration(g, idxs)
+        per_iter = _per_iteration(g, idxs, looped)
         if per_iter is None:
             tr = _traffic(kcs, idxs, tensors, read_f, write_f)
         else:

@@ -381,6 +381,17 @@ def loop_private(kernels) -> set[str]:
     return private
 
 
+def per_iteration_loops(kernels) -> set[tuple[str, int, int]]:
+    """Sequential loops whose body holds several framework operators, each called once per
+    iteration (a rerolled stack of layers: its unrolled copies were separate eager calls).
+    A loop that is one operator (an LSTM, a JAX ``scan``) is one library call."""
+    ops: dict[tuple, set] = {}
+    for k in kernels:
+        if k.loop is not None:
+            ops.setdefault(k.loop, set()).add(k.op or k.name)
+    return {lp for lp, o in ops.items() if len(o) > 1}
+
+
 def loop_segments(kernels) -> list[list[Kernel]]:
     """Kernels in program order, grouped: one sequential loop's body (consecutive kernels
     sharing its loop id) is one segment, every other kernel a segment of its own."""

@@ -76,6 +76,7 @@ from dataclasses import dataclass, field, replace
 
 from .affine import Aff
 from .model import EXTERNAL_ROLES, Access, Call, Kernel, Program, TensorDecl, kernel_reads
+from .text import fresh_name
 
 
 class RerollError(ValueError):
@@ -106,12 +107,13 @@ class Rerolled:
 
 def stacked_name(names: list[str], taken: set[str]) -> str:
     """A name for the tensor that stacks ``names``: the digit run that differs between the
-    first two replaced by ``x`` (``w_layers_0_q`` -> ``w_layers_x_q``), else ``<first>_x``.
+    first two replaced by ``x`` (``w_layers_0_q`` -> ``w_layers_x_q``), else ``<first>_x``;
+    made fresh in ``taken`` (``ir.text.fresh_name``), which it joins.
 
     >>> stacked_name(['p_layers_0_q_weight', 'p_layers_1_q_weight'], set())
     'p_layers_x_q_weight'
     >>> stacked_name(['add_3', 'add_9'], {'add_x'})
-    'add_x_1'
+    'add_x_2'
     """
     a, b = names[0], names[1]
     ra, rb = re.split(r"(\d+)", a), re.split(r"(\d+)", b)
@@ -122,11 +124,7 @@ def stacked_name(names: list[str], taken: set[str]) -> str:
             head = "".join(ra[:diff[0]])
             sep = "_" if head and head[-1].isalpha() else ""
             base = head + sep + "x" + "".join(ra[diff[0] + 1:])
-    name, n = base, 0
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    return name
+    return fresh_name(base, taken)
 
 
 # ----------------------------------------------------------------------------
@@ -228,11 +226,8 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
     if any(len(c) != n for c in copies) or n == 0 or flat != list(range(flat[0], flat[0] + k * n)):
         raise RerollError("the copies are not consecutive runs of equal length")
     start, end = flat[0], flat[-1] + 1
-    used_vars = {d for kk in ks for d, _ in kk.dims} | {kk.loop[0] for kk in ks if kk.loop}
-    base_var, nv = var, 0
-    while var in used_vars:
-        nv += 1
-        var = f"{base_var}{nv}"
+    var = fresh_name(var, {d for kk in ks for d, _ in kk.dims}
+                     | {kk.loop[0] for kk in ks if kk.loop})
     lv = Aff.var(var)
     sigmas: list[dict[str, str]] = [{}]
     merged: list[Kernel] = []
@@ -285,9 +280,9 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
     if len(carried_w) != len(carry_in):
         raise RerollError("one tensor carried into two slots")
     taken = {t.name for t in program.tensors}
-    info = Rerolled(var=var, trip=trip, traced=k, loop_id=0,
+    info = Rerolled(var=var, trip=trip, traced=k,
+                    loop_id=1 + max((kk.loop[2] for kk in ks if kk.loop), default=-1),
                     body=[ks[i].name for i in copies[0]])
-    info.loop_id = 1 + max((kk.loop[2] for kk in ks if kk.loop), default=-1)
     body_map: dict[str, tuple[str, Aff | None]] = {}   # slot -> (tensor, leading index)
     outside: dict[str, tuple[str, int]] = {}            # traced tensor -> (tensor, index)
     new_decls: dict[str, TensorDecl] = {}               # replaces the decl of its first member
@@ -332,7 +327,6 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
                 raise RerollError(f"tensor {t} ({decl.role}): state written in place by every "
                                   f"copy")
             name = stacked_name(im, taken)
-            taken.add(name)
             new_decls[t] = TensorDecl(name, (trip,) + decl.shape, decl.dtype, decl.role)
             info.kept[name] = list(im)
             body_map[t] = (name, lv)
@@ -343,7 +337,6 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
         if decl.role not in EXTERNAL_ROLES:
             raise RerollError(f"tensor {t}: an intermediate from before the loop, one per copy")
         name = stacked_name(im, taken)
-        taken.add(name)
         for c, x in enumerate(im):
             if outside_readers(x, c):    # a weight the backward reads again
                 outside[x] = (name, last_or_first(c, f"tensor {x}"))
@@ -374,11 +367,8 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
                 raise RerollError(f"tensor {x}: carried as a {tensors[x].role}")
         if any(copy_of.get(p, k - 1) != k - 1 for p in readers.get(last, ())):
             raise RerollError(f"tensor {last}: read by an earlier copy")
-        name = stacked_name([first, last], taken) if first != last else f"{first}_carry"
-        name = re.sub(r"_x(_\d+)?$", "", name) + "_carry"
-        while name in taken:
-            name += "_"
-        taken.add(name)
+        name = stacked_name([first, last], set()) if first != last else first
+        name = fresh_name(re.sub(r"_x(_\d+)?$", "", name) + "_carry", taken)
         new_decls[r] = TensorDecl(name, (trip + 1,) + decl.shape, decl.dtype, "intermediate")
         info.carried[name] = [first] + [images[w][c] for c in range(k)]
         body_map[r] = (name, lv)
@@ -410,22 +400,10 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
         body.append(_rewrite_kernel(kk, in_body, loop=loop))
     prefix = [_rewrite_kernel(kk, out_of_loop) for kk in ks[:start]]
     suffix = [_rewrite_kernel(kk, out_of_loop) for kk in ks[end:]]
-    decls = []
-    placed = set()
-    first_member = {}
-    for slot, d in new_decls.items():
-        im = images[slot]
-        first_member[im[0]] = d
-    for r, w in carry_in.items():
-        first_member[images[r][0]] = new_decls[r]
-    for d in program.tensors:
-        if d.name in first_member:
-            nd = first_member[d.name]
-            if nd.name not in placed:
-                decls.append(nd)
-                placed.add(nd.name)
-        elif d.name not in removed:
-            decls.append(d)
+    # each new tensor takes the place of the declaration of its first member
+    first_member = {images[slot][0]: d for slot, d in new_decls.items()}
+    decls = [first_member.get(d.name, d) for d in program.tensors
+             if d.name in first_member or d.name not in removed]
     info.removed = removed
     return Program(tuple(decls), tuple(prefix + body + suffix), program.notes), info
 
@@ -512,7 +490,7 @@ def find_copies(program: Program, lo: int, hi: int, min_len: int = 2, limit: int
     :func:`reroll`'s check; which alignment is the layer is the caller's."""
     tensors = program.tensor_map
     ids: dict = {}
-    sig = [ids.setdefault(_kernel_shape_loose(k, tensors), len(ids))
+    sig = [ids.setdefault(_kernel_shape(k, tensors), len(ids))
            for k in program.kernels[lo:hi]]
     n = len(sig)
     found = 0
@@ -528,8 +506,10 @@ def find_copies(program: Program, lo: int, hi: int, min_len: int = 2, limit: int
                     return
 
 
-def _kernel_shape_loose(k: Kernel, tensors) -> tuple:
-    """:func:`_kernel_shape` without the constants of indices (rows that advance)."""
+def _kernel_shape(k: Kernel, tensors) -> tuple:
+    """A kernel's structure with tensors replaced by their shapes and dtypes and indices by
+    their terms without constants (rows that advance): equal for the kernels of two copies
+    of one body."""
     def sub(e):
         if isinstance(e, Access):
             d = tensors[e.tensor]

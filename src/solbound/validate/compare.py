@@ -11,7 +11,7 @@ import numpy as np
 
 from ..ir.classify import classify
 from ..ir.affine import Aff
-from ..ir.model import EXTERNAL_ROLES, Program, accesses, kernel_reads
+from ..ir.model import EXTERNAL_ROLES, Program, accesses, kernel_reads, per_iteration_loops
 
 EPS = {"f64": 2.2e-16, "f32": 1.19e-7, "bf16": 7.8e-3, "f16": 9.8e-4}
 DEFAULT_MAX_BYTES = 3 * 2**30
@@ -47,22 +47,15 @@ def tolerance(dtype: str, k_max: int, depth: int) -> float:
 
 
 def operator_calls(p: Program) -> int:
-    """Operators the program runs: an operator inside a sequential loop whose body holds
-    other operators too (a rerolled layer's ``linear``) runs once per iteration, as its
-    unrolled copies did; one that is the whole loop (an LSTM) once."""
-    ops: dict[str, set] = {}
+    """Operators the program runs: an operator inside a loop of several operators (a
+    rerolled layer's ``linear``, ``ir.model.per_iteration_loops``) runs once per
+    iteration, as its unrolled copies did; one that is the whole loop (an LSTM) once."""
+    looped = per_iteration_loops(p.kernels)
+    loops_of: dict[str, set] = {}
     for k in p.kernels:
-        ops.setdefault(k.op or k.name, set()).add(k.loop)
-    body_ops: dict = {}
-    for op, loops in ops.items():
-        for lp in loops:
-            if lp is not None:
-                body_ops.setdefault(lp, set()).add(op)
-    n = 0
-    for op, loops in ops.items():
-        (lp,) = loops if len(loops) == 1 else (None,)
-        n += lp[1] if lp is not None and len(body_ops[lp]) > 1 else 1
-    return n
+        loops_of.setdefault(k.op or k.name, set()).add(k.loop)
+    return sum(next(iter(lps))[1] if len(lps) == 1 and lps <= looped else 1
+               for lps in loops_of.values())
 
 
 def tolerance_rule(dtype: str) -> str:

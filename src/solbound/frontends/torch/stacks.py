@@ -153,6 +153,18 @@ def _layer_of(name: str, path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _at_layer(name: str, path: str, layer) -> str:
+    """``name`` with the layer of the stack at ``path`` replaced by ``layer``."""
+    return re.sub(re.escape(path) + r"\.\d+", f"{path}.{layer}", name, count=1)
+
+
+def _noted(lowered, *notes: str):
+    """``lowered`` with ``notes`` added to its program's notes."""
+    p = lowered.program
+    lowered.program = p.__class__(p.tensors, p.kernels, p.notes + notes)
+    return lowered
+
+
 def _advance(names: list[str], n: int) -> list[str]:
     """``n`` names continuing the progression of the first two (their one differing
     number advances by a fixed step): ``layers.0.w``, ``layers.1.w`` -> ``layers.i.w``.
@@ -203,7 +215,7 @@ def reroll_stacks(lowered, stacks: list[Stack]):
                 i = _layer_of(t, s.path)
                 if i is None or i < s.traced - s.tail:
                     return t
-                return re.sub(re.escape(s.path) + r"\.\d+", f"{s.path}.{i + shift}", t, count=1)
+                return _at_layer(t, s.path, i + shift)
             lowered.state = [dict(st, target=last(st["target"])) if not st.get("stacked") else st
                              for st in lowered.state]
         notes.append(f"{s.path}: {s.length} layers of one structure"
@@ -214,9 +226,7 @@ def reroll_stacks(lowered, stacks: list[Stack]):
                         " (the last layer outside it)" if s.tail else "")
                      + "; the others are taken to be the same program: same classes, "
                        "parameter shapes and attributes")
-    prog = lowered.program
-    lowered.program = prog.__class__(prog.tensors, prog.kernels, prog.notes + tuple(notes))
-    return lowered
+    return _noted(lowered, *notes)
 
 
 def _chain(info, s: Stack) -> None:
@@ -261,6 +271,7 @@ def _remap(lowered, program, info, s: Stack):
     tensors = program.tensor_map
     member_of = {m: (new, c) for new, ms in {**info.stacked, **info.kept}.items()
                  for c, m in enumerate(ms)}
+    target_of = {st["ir"]: st["target"] for st in lowered.state}
     state = []
     done = set()
     for st in lowered.state:
@@ -271,8 +282,7 @@ def _remap(lowered, program, info, s: Stack):
         if new in done:
             continue
         done.add(new)
-        targets = [next(x["target"] for x in lowered.state if x["ir"] == m)
-                   for m in info.stacked[new]]
+        targets = [target_of[m] for m in info.stacked[new]]
         state.append({"ir": new, "role": st["role"], "target": _advance(targets, trip),
                       "stacked": True})
     for t in info.removed:
@@ -306,19 +316,17 @@ def _remap(lowered, program, info, s: Stack):
         runs.append((i, n))
         i = j + n
     for first, n in reversed(runs):
-        block, nxt = outs[first:first + n], outs[first + n:first + 2 * n]
-        new_block = []
-        for c in range(trip):
-            for o0, o1 in zip(block, nxt):
-                new, _ = member_of[o0["ir"]]
-                numel = 1
-                for d in tensors[new].shape[1:]:
-                    numel *= d
-                e = dict(o0, ir=new, offset=o0.get("offset", 0) + c * numel)
-                for key in ("path", "target"):
-                    if o0.get(key) and o1.get(key) and o0[key] != o1[key]:
-                        e[key] = _advance([o0[key], o1[key]], c + 1)[c]
-                new_block.append(e)
+        # per output of a layer: its tensor, one layer's elements, its path and target
+        # for every layer
+        leaves = []
+        for o0, o1 in zip(outs[first:first + n], outs[first + n:first + 2 * n]):
+            new, _ = member_of[o0["ir"]]
+            names = {key: _advance([o0[key], o1[key]], trip) for key in ("path", "target")
+                     if o0.get(key) and o1.get(key) and o0[key] != o1[key]}
+            leaves.append((o0, new, tensors[new].numel // trip, names))
+        new_block = [dict(o0, ir=new, offset=o0.get("offset", 0) + c * per,
+                          **{key: names[key][c] for key in names})
+                     for c in range(trip) for o0, new, per, names in leaves]
         outs = outs[:first] + new_block + outs[first + 2 * n:]
     used_ops = {k.op for k in program.kernels}
     body_ops = {k.op for k in program.kernels if k.loop and k.loop[2] == info.loop_id}
@@ -330,8 +338,7 @@ def _remap(lowered, program, info, s: Stack):
             layer = _layer_of(g["module"], s.path)
             if layer is not None:
                 star = "*" if s.period == 1 else f"{layer % s.period}::{s.period}"
-                g = dict(g, module=re.sub(re.escape(s.path) + r"\.\d+", f"{s.path}.{star}",
-                                          g["module"], count=1))
+                g = dict(g, module=_at_layer(g["module"], s.path, star))
         groups[op] = g
     return replace(lowered, program=program, state=state, outputs=outs, groups=groups,
                    values={}, partial=set(lowered.partial) - info.removed,
@@ -341,41 +348,34 @@ def _remap(lowered, program, info, s: Stack):
                        "body_kernels": len(info.body)}])
 
 
-def export_and_lower(model, inputs: tuple, source: str, *, user_files=(), reroll_layers=True,
-                     timings: dict | None = None, **export_kw):
-    """``export_program`` then ``lower``, with each stack of repeated layers traced once
-    (``reroll_layers``; see the module doc). Returns ``(ep, lowered)``; ``timings`` gets
-    ``export_s``, the seconds spent tracing."""
+def _traced(model, stacks: list[Stack], capture, lowering, fold, timings: dict,
+            retry: bool):
+    """``lowering(capture())`` (the export of ``model``, then its IR) with each stack held to
+    its traced layers and ``fold``ed into loops; when that fails, the whole model's, with a
+    note naming why. ``timings["export_s"]``: the seconds spent in ``capture``. ``retry``: a first layer that reads a program input or a last layer
+    whose value is returned is traced outside the loop, and the others rerolled."""
     import time
-
-    from .capture import export_program, input_structure, state_structure
-    from .lower import lower
-    timings = {} if timings is None else timings
-    timings["export_s"] = 0.0
-
-    def export(*a, **kw):
-        t0 = time.perf_counter()
-        try:
-            return export_program(*a, **kw)
-        finally:
-            timings["export_s"] += time.perf_counter() - t0
-    stacks = find_stacks(model) if reroll_layers else []
     names = ", ".join(s.path for s in stacks)
     failure = None
+    timings["export_s"] = 0.0
+
+    def trace():
+        t0 = time.perf_counter()
+        try:
+            ep = capture()
+        finally:
+            timings["export_s"] += time.perf_counter() - t0
+        return ep, lowering(ep)
     for _ in range(3):
         if not stacks:
             break
         try:
             with truncated(model, stacks):
-                ep = export(model, inputs, source, **export_kw)
-                low = lower(ep, user_files, input_structure(inputs), state_structure(model))
-            low = reroll_stacks(low, stacks)
-            return ep, low
+                ep, low = trace()
+            return ep, fold(low, stacks)
         except RerollError as e:
             failure = str(e)
-            # the first layer reads a program input, or the last one's value is returned:
-            # trace that layer outside the loop and reroll the others
-            grow = {"carry-in": "lead", "carry-out": "tail"}.get(e.kind)
+            grow = {"carry-in": "lead", "carry-out": "tail"}.get(e.kind) if retry else None
             if grow is None or any(getattr(s, grow) for s in stacks):
                 break
             stacks = [replace(s, **{grow: s.period}) for s in stacks]
@@ -385,14 +385,30 @@ def export_and_lower(model, inputs: tuple, source: str, *, user_files=(), reroll
             failure = f"the model with {stacks[0].traced} of {stacks[0].length} layers does " \
                       f"not trace ({oneline(e)})"
             break
+    ep, low = trace()
     if failure is not None:
-        note = f"{names}: repeated layers not rerolled, every layer traced: {failure}"
-    ep = export(model, inputs, source, **export_kw)
-    low = lower(ep, user_files, input_structure(inputs), state_structure(model))
-    if failure is not None:
-        prog = low.program
-        low.program = prog.__class__(prog.tensors, prog.kernels, prog.notes + (note,))
+        _noted(low, f"{names}: repeated layers not rerolled, every layer traced: {failure}")
     return ep, low
+
+
+def export_and_lower(model, inputs: tuple, source: str, *, user_files=(), reroll_layers=True,
+                     timings: dict | None = None, **export_kw):
+    """``export_program`` then ``lower``, with each stack of repeated layers traced once
+    (``reroll_layers``; see the module doc). Returns ``(ep, lowered)``; ``timings`` gets
+    ``export_s``, the seconds spent tracing."""
+    from .capture import export_program
+    stacks = find_stacks(model) if reroll_layers else []
+    return _traced(model, stacks, lambda: export_program(model, inputs, source, **export_kw),
+                   _lowering(model, inputs, user_files), reroll_stacks,
+                   {} if timings is None else timings, retry=True)
+
+
+def _lowering(model, inputs: tuple, user_files):
+    """The lowering of an export of ``model`` on ``inputs`` (the structure of its inputs and
+    state read as it is when called: the stack held to its traced layers, or whole)."""
+    from .capture import input_structure, state_structure
+    from .lower import lower
+    return lambda ep: lower(ep, user_files, input_structure(inputs), state_structure(model))
 
 
 # --- the training step -------------------------------------------------------------------
@@ -470,12 +486,11 @@ def reroll_step(lowered, s: Stack):
                                                for t in tr.get("optimizer_state", [])))
     lowered.training = tr
     lowered.partial = set(lowered.partial) - removed
-    lowered.program = program.__class__(program.tensors, program.kernels, program.notes + (
-        f"{s.path}: {s.length} layers of one structure; the step of {s.traced} traced and "
-        f"rerolled into forward, backward and optimizer loops of {s.trip} iterations (the "
-        f"others are taken to be the same program: same classes, parameter shapes and "
-        f"attributes)",))
-    return lowered
+    return _noted(lowered, f"{s.path}: {s.length} layers of one structure; the step of "
+                           f"{s.traced} traced and rerolled into forward, backward and "
+                           f"optimizer loops of {s.trip} iterations (the others are taken to "
+                           f"be the same program: same classes, parameter shapes and "
+                           f"attributes)")
 
 
 def _aligned(info, lowered, s: Stack, phase: str) -> None:
@@ -512,8 +527,7 @@ def _all_layers(names: list[str], s: Stack) -> list[str]:
         if i is None:
             out.append(n)
         elif i < s.period:
-            out += [re.sub(re.escape(s.path) + r"\.\d+", f"{s.path}.{i + c * s.period}", n,
-                           count=1) for c in range(s.trip)]
+            out += [_at_layer(n, s.path, i + c * s.period) for c in range(s.trip)]
     return out
 
 
@@ -522,37 +536,14 @@ def export_and_lower_step(model, inputs: tuple, source: str, *, user_files=(),
     """``export_train_step`` then ``lower``, with a stack of repeated layers traced for two
     layers and rerolled (:func:`reroll_step`); whatever does not reroll is traced whole
     with a note. ``timings`` gets ``export_s``."""
-    import time
-
-    from .capture import input_structure, state_structure
-    from .lower import lower
     from .train import export_train_step
-    timings = {} if timings is None else timings
-    t0 = time.perf_counter()
     stacks = find_stacks(model) if reroll_layers else []
-    failure = None
-    if len(stacks) == 1:
-        try:
-            with truncated(model, stacks):
-                ep = export_train_step(model, inputs, source, **step_kw)
-                timings["export_s"] = time.perf_counter() - t0
-                low = lower(ep, user_files, input_structure(inputs), state_structure(model))
-            return ep, reroll_step(low, stacks[0])
-        except RerollError as e:
-            failure = str(e)
-        except Exception as e:  # noqa: BLE001 - the truncated model may not trace: trace all
-            from ..loading import oneline
-            failure = f"the step with {stacks[0].traced} of {stacks[0].length} layers does " \
-                      f"not trace ({oneline(e)})"
-    elif stacks:
-        failure = "more than one stack"
-    t0 = time.perf_counter()
-    ep = export_train_step(model, inputs, source, **step_kw)
-    timings["export_s"] = time.perf_counter() - t0
-    low = lower(ep, user_files, input_structure(inputs), state_structure(model))
-    if failure is not None:
-        prog = low.program
-        low.program = prog.__class__(prog.tensors, prog.kernels, prog.notes + (
-            f"{', '.join(s.path for s in stacks)}: repeated layers of the step not rerolled, "
-            f"every layer traced: {failure}",))
+    ep, low = _traced(model, stacks if len(stacks) == 1 else [],
+                      lambda: export_train_step(model, inputs, source, **step_kw),
+                      _lowering(model, inputs, user_files),
+                      lambda low, stacks: reroll_step(low, stacks[0]),
+                      {} if timings is None else timings, retry=False)
+    if len(stacks) > 1:
+        _noted(low, f"{', '.join(s.path for s in stacks)}: repeated layers of the step not "
+                    f"rerolled, every layer traced: more than one stack")
     return ep, low

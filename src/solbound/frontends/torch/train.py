@@ -38,8 +38,6 @@ import time
 import warnings
 from collections import defaultdict
 
-import numpy as np
-
 from .lower import GROUP_KEY, OPT_PREFIX, PHASE_KEY
 
 DEFAULT_OPTIMIZER = "AdamW"
@@ -817,9 +815,8 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
                                      operator_calls, rel_error, tolerance, tolerance_rule)
     from ...ir.execute import ExecutionError, execute
     from .capture import FrontendError
-    from .lower import lower
-    from .reference import (HarnessError, _build_real, _on_meta, _structure_difference, _to_np,
-                            first_divergence, replay_draws)
+    from .reference import (HarnessError, _build_real, _feeds, _on_meta, _structure_difference,
+                            _to_np, first_divergence, replay_draws)
     t0 = time.perf_counter()
     max_bytes = max_bytes or DEFAULT_MAX_BYTES
     max_seconds = max_seconds or DEFAULT_MAX_SECONDS
@@ -890,12 +887,7 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
             return ep.constants[target]
         from .reference import _resolve
         return _resolve(model, target)       # a tied parameter under its other name
-    feeds = {spec["ir"]: _to_np(val) for spec, val in zip(low.inputs, inputs) if spec.get("ir")}
-    for s in low.state:
-        if s.get("stacked"):      # one tensor per layer of a rerolled stack
-            feeds[s["ir"]] = np.stack([_to_np(state_value(t)) for t in s["target"]])
-        else:
-            feeds[s["ir"]] = _to_np(state_value(s["target"]))
+    feeds = _feeds(low, inputs, state_value)
     # the graph's own arguments (for the diagnosis and for replaying draws)
     user = iter(inputs)
     args = [next(user) if sp.kind.name == "USER_INPUT" else state_value(sp.target).detach()
