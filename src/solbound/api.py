@@ -20,10 +20,12 @@ def _specs(arch) -> list[Spec]:
 
 
 def analyze_lowered(lowered, *, source: str, arch=None, precision_policy: str | Policy | None = None,
-                    timings: dict | None = None, cache=None) -> Report:
+                    timings: dict | None = None, cache=None, modes=None) -> Report:
     """Counts and bounds for an already-lowered program (IR stage onwards). ``cache``: the
     on-chip capacity of the cache-aware bound (a level such as ``"smem"``, a size such as
-    ``"4MiB"`` or bytes; default each chip's last-level cache)."""
+    ``"4MiB"`` or bytes; default each chip's last-level cache). ``modes``: the fidelities
+    to bound (default all; a sweep that asks for fused bounds alone skips the cache-aware
+    schedule search)."""
     from .bounds.fidelity import parse_cache
     t0 = time.perf_counter()
     policy = precision_policy if isinstance(precision_policy, Policy) else Policy.parse(precision_policy)
@@ -32,7 +34,8 @@ def analyze_lowered(lowered, *, source: str, arch=None, precision_policy: str | 
     counts = count_program(graph)
     memo: dict = {}
     cache = parse_cache(cache)
-    bounds = [b for s in specs for b in program_bounds(counts, s, policy, graph, cache, memo)]
+    bounds = [b for s in specs for b in program_bounds(counts, s, policy, graph, cache, memo,
+                                                  modes)]
     timings = dict(timings or {})
     timings["analysis_s"] = time.perf_counter() - t0
     return Report(source=source, lowered=lowered, graph=graph, counts=counts, specs=specs,
@@ -43,7 +46,7 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
             source: str | None = None, validate: bool = False,
             keep_experts_dispatch: bool = False, routing: str | None = None,
             select_fraction: float | None = None, cache=None, train: bool = False,
-            optimizer=None, problem_module=None, reroll: bool = True,
+            optimizer=None, problem_module=None, reroll: bool = True, modes=None,
             **validate_opts) -> Report:
     """Analyze ``module(*inputs)``: capture, lower to the loop IR, count, bound.
 
@@ -69,7 +72,7 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     if not _is_torch_module(module) and callable(module):
         return _analyze_jax(module, inputs, arch=arch, precision_policy=precision_policy,
                             source=source, validate=validate, cache=cache, train=train,
-                            optimizer=optimizer, **validate_opts)
+                            optimizer=optimizer, modes=modes, **validate_opts)
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)                       # a bare tensor: the one input
     src = source or type(module).__name__
@@ -94,7 +97,8 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     t1 = t0 + timings.get("export_s", 0.0)
     t2 = time.perf_counter()
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
-                          timings={"export_s": t1 - t0, "lower_s": t2 - t1}, cache=cache)
+                          timings={"export_s": t1 - t0, "lower_s": t2 - t1}, cache=cache,
+                          modes=modes)
     rep.keep_experts_dispatch = keep_experts_dispatch
     rep.routing = routing
     rep.train = {"optimizer": optimizer, "problem_module": problem_module} if train else None
@@ -107,12 +111,13 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     return rep
 
 
-def _jax_example(spec: str):
+def _jax_example(spec: str, params: dict | None = None):
     """``(function, args)`` from a file defining ``example()`` and no ``class Model``, or
-    from a ``pkg.module:factory`` whose module uses JAX and not torch."""
+    from a ``pkg.module:factory`` whose module uses JAX and not torch. ``params`` replace
+    the file's module-level constants, or are the factory's keyword arguments."""
     import re
     if ":" in spec and not spec.endswith(".py"):
-        return _jax_factory(spec)
+        return _jax_factory(spec, params)
     if not (spec.endswith(".py") and os.path.exists(spec)):
         return None
     text = open(spec, encoding="utf-8", errors="replace").read()
@@ -121,6 +126,11 @@ def _jax_example(spec: str):
     from .frontends.contract import FrontendError
     from .frontends.loading import import_file
     mod = import_file(spec)
+    if params:
+        from .frontends.loading import check_params
+        check_params(spec, mod, params, module_names=True)
+        for k, v in params.items():
+            setattr(mod, k, v)
     try:
         res = mod.example()
     except Exception as e:  # noqa: BLE001 - one line for the user
@@ -130,7 +140,7 @@ def _jax_example(spec: str):
     return res
 
 
-def _jax_factory(spec: str):
+def _jax_factory(spec: str, params: dict | None = None):
     import importlib
     import sys
     from .frontends.contract import FrontendError
@@ -145,8 +155,10 @@ def _jax_factory(spec: str):
              if type(v).__name__ == "module"}
     if "jax" not in names or "torch" in names or not callable(getattr(mod, attr, None)):
         return None
+    from .frontends.loading import check_params
+    check_params(spec, getattr(mod, attr), params or {})
     try:
-        res = getattr(mod, attr)()
+        res = getattr(mod, attr)(**(params or {}))
     except Exception as e:  # noqa: BLE001
         raise FrontendError(f"{spec}: factory failed: {type(e).__name__}: {e}") from None
     if not (isinstance(res, tuple) and len(res) == 2 and callable(res[0])):
@@ -162,7 +174,8 @@ def _is_torch_module(obj) -> bool:
 
 def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
                  validate: bool = False, seed: int = 0, max_bytes=None, max_seconds=None,
-                 cache=None, train: bool = False, optimizer=None, **_ignored) -> Report:
+                 cache=None, train: bool = False, optimizer=None, modes=None,
+                 **_ignored) -> Report:
     """A JAX function (``fn(*args)``, args arrays or ``jax.ShapeDtypeStruct`` pytrees).
 
     ``train=True``: ``fn`` is a training step called as ``fn(params, opt_state, *batch)``
@@ -193,7 +206,8 @@ def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
     lowered = lower(fn, tuple(args), train=train, optimizer=optimizer) if train \
         else lower(fn, tuple(args))
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
-                          timings={"export_s": time.perf_counter() - t0}, cache=cache)
+                          timings={"export_s": time.perf_counter() - t0}, cache=cache,
+                          modes=modes)
     if validate:
         from .frontends.jax.reference import validate_within_budget
         rep.validation = validate_within_budget(lowered, fn, tuple(args), seed=seed,
@@ -218,25 +232,27 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    validate: bool = False, keep_experts_dispatch: bool = False,
                    routing: str | None = None, select_fraction: float | None = None,
                    cache=None, train: bool = False, optimizer=None, reroll: bool = True,
-                   **validate_opts) -> Report:
+                   params: dict | None = None, modes=None, **validate_opts) -> Report:
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``; a file that
     defines ``example()`` returning ``(function, args)`` (and no ``Model``) is a JAX program.
     ``train``/``optimizer``: the training step (see :func:`analyze`); the file may define
-    ``make_optimizer(model)``."""
-    jax_example = _jax_example(spec)
+    ``make_optimizer(model)``. ``params``: keyword arguments of the factory, or values of
+    the file's module-level constants (``--param``)."""
+    jax_example = _jax_example(spec, params)
     if jax_example is not None:
         fn, args = jax_example
         return _analyze_jax(fn, args, arch=arch, precision_policy=precision_policy, source=spec,
                             validate=validate, cache=cache, train=train, optimizer=optimizer,
-                            **validate_opts)
+                            modes=modes, **validate_opts)
     from .frontends.torch.capture import load_problem
 
-    problem = load_problem(spec)
+    problem = load_problem(spec, params)
     model, inputs, note = problem.build_for_capture()
     rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec,
                   keep_experts_dispatch=keep_experts_dispatch, routing=routing,
                   select_fraction=select_fraction, cache=cache, train=train,
-                  optimizer=optimizer, problem_module=problem.module, reroll=reroll)
+                  optimizer=optimizer, problem_module=problem.module, reroll=reroll,
+                  modes=modes)
     if note:
         rep.lowered.program = rep.lowered.program.__class__(
             rep.lowered.program.tensors, rep.lowered.program.kernels,

@@ -27,12 +27,29 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "a level (l2, llc, smem, regs, vmem); default each chip's last-level "
                         "cache")
     _routing_arg(p)
+    p.add_argument("--param", action="append", type=_param, default=None, metavar="NAME=VALUE",
+                   help="a keyword argument of a module:factory, or a module-level constant "
+                        "of a FILE.py that it replaces (an int, float or string); may repeat")
     p.add_argument("--train", action="store_true",
                    help="the training step: the forward's scalar loss (or its output's "
                         "`loss`), its backward and the optimizer's step")
     p.add_argument("--optimizer", default=None, metavar="NAME",
                    help="with --train: a torch.optim class (default: the file's "
                         "make_optimizer(model), else AdamW with its defaults)")
+
+
+def _param(text: str) -> tuple[str, object]:
+    from .frontends.contract import FrontendError
+    from .frontends.loading import parse_param
+    try:
+        return parse_param(text)
+    except FrontendError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _params(a) -> dict:
+    """``--param NAME=VALUE`` values (the last of a repeated name wins)."""
+    return dict(getattr(a, "param", None) or [])
 
 
 def _fraction(text: str) -> float:
@@ -60,7 +77,7 @@ def cmd_analyze(a) -> int:
     if a.validate and not a.quiet and sys.stderr.isatty():
         from .validate import compare
         compare.PROGRESS = True         # a progress bar while the IR runs
-    rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, params=_params(a), arch=_archs(a), precision_policy=a.precision_policy,
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer,
@@ -76,13 +93,13 @@ def cmd_analyze(a) -> int:
         if bad:
             return _err(f"--measure {a.measure!r}: modes are eager and compile (jit for JAX)")
         from .api import _jax_example
-        example = _jax_example(a.program)
+        example = _jax_example(a.program, _params(a))
         try:
             if example is not None:
                 from .frontends.jax.timing import measure_function
                 timed = measure_function(*example, modes, trials=a.trials)
             else:
-                timed = measure_problem(load_problem(a.program),
+                timed = measure_problem(load_problem(a.program, _params(a)),
                                         [m if m != "jit" else "compile" for m in modes],
                                         trials=a.trials)
             rep.measured = {"arch": "host", **timed}
@@ -131,7 +148,7 @@ def _write(path: str, text: str) -> None:
 def cmd_ir(a) -> int:
     from .api import analyze_source
     from .ir.text import print_program
-    rep = analyze_source(a.program, arch=None, routing=a.routing,
+    rep = analyze_source(a.program, params=_params(a), arch=None, routing=a.routing,
                          select_fraction=a.select_fraction)
     text = print_program(rep.program)
     _write(a.output or "-", text)
@@ -144,7 +161,7 @@ def cmd_ir(a) -> int:
 
 def cmd_explain(a) -> int:
     from .api import analyze_source
-    rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, params=_params(a), arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction,
                          train=a.train, optimizer=a.optimizer)
     if not a.kernel:
@@ -202,7 +219,7 @@ def cmd_slope(a) -> int:
     """Traffic against on-chip capacity: the program and its heaviest kernels."""
     from .api import analyze_source
     from .report.report import dumps
-    rep = analyze_source(a.program, arch=_archs(a), precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, params=_params(a), arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction,
                          train=a.train, optimizer=a.optimizer)
     pc = rep.program_cache()
@@ -265,7 +282,7 @@ def cmd_provision(a) -> int:
         target = parse_latency(a.latency) if a.latency is not None else parse_rate(a.rate)
     except TargetError as e:
         return _err(str(e))
-    rep = analyze_source(a.program, arch=_archs(a) or "all", precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, params=_params(a), arch=_archs(a) or "all", precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer)
     doc = provision(rep, target)
@@ -311,7 +328,7 @@ def cmd_project(a) -> int:
     from .api import analyze_source
     from .report.report import dumps
     from .bounds.provision import projection
-    rep = analyze_source(a.program, arch=_archs(a) or "all", precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, params=_params(a), arch=_archs(a) or "all", precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer)
     rows = projection(rep)
@@ -455,12 +472,51 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--precision-policy", default=None)
     kb.add_argument("--csv", required=True)
     kb.add_argument("--timeout", type=float, default=120.0, help="seconds per problem")
-    kb.add_argument("--jobs", type=int, default=1)
+    kb.add_argument("--jobs", type=int, default=1, help="problems at once (Ray tasks on a "
+                                                        "local instance)")
+    kb.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
+                    help="run on an existing Ray cluster instead of a local instance")
     kb.add_argument("--summary", action="store_true", help="print the per-level table")
     kb.add_argument("--html", metavar="PATH", help="write a summary page (headroom "
                                                    "distributions per level and fidelity)")
     kb.set_defaults(fn=cmd_kernelbench)
+
+    sw = sub.add_parser("sweep", help="analyze a grid of a program's parameters on many "
+                                      "chips (each point a Ray task)")
+    sw.add_argument("sweep", help="a sweep file (TOML: program, arch, [grid], and optionally "
+                                  "modes, precision_policy, train, timeout, memory)")
+    sw.add_argument("--csv", metavar="PATH", help="one row per point, chip and fidelity")
+    sw.add_argument("--json", metavar="PATH", help="the rows as JSON (- for stdout)")
+    sw.add_argument("--html", metavar="PATH", help="plots: the bound against each parameter "
+                                                   "per chip, every point on each roofline")
+    sw.add_argument("--jobs", type=_positive_int, default=None,
+                    help="points at once on the local instance (default: every core)")
+    sw.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
+                    help="run on an existing Ray cluster (the program's folder is shipped to "
+                         "its workers)")
+    sw.add_argument("--timeout", type=float, default=None, metavar="S",
+                    help="seconds per point (default: the file's timeout, else none)")
+    sw.add_argument("--memory", type=float, default=None, metavar="GIB",
+                    help="memory per point (default: the file's memory, else none)")
+    sw.add_argument("--resume", action="store_true",
+                    help="skip the points already in the --csv/--json output")
+    sw.set_defaults(fn=cmd_sweep)
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: at least 1")
+    return n
+
+
+def cmd_sweep(a) -> int:
+    from .sweep.run import cmd_sweep as run
+    return run(a)
 
 
 # exit codes (documented in the README)

@@ -146,6 +146,11 @@ class ProgramCache:
         self._segments: dict[tuple[int, int], tuple[dict, dict]] = {}
         self._traffic: dict[int, CacheTraffic] = {}
         self._solved: dict[tuple, object] = {}
+        self._per_kernel: list | None = None
+        kernels = [node.kernel for node in g.nodes]
+        self._ext = [k.extents for k in kernels]
+        self._cext = [k.count_extents for k in kernels]
+        self._consumers: dict[str, tuple[int, int, bool]] = {}
 
     # --- segment structure ---------------------------------------------------------
     def _io(self, i: int, j: int) -> tuple[dict, dict]:
@@ -155,37 +160,78 @@ class ProgramCache:
         it was produced before the segment or is a program input or state; a written tensor
         is ``out`` when used after the segment (or a program output, or DRAM state), else
         ``mid``."""
-        if (i, j) in self._segments:
-            return self._segments[(i, j)]
+        seg = self._segments.get((i, j))
+        if seg is not None:
+            return seg
+        if self._per_kernel is None:
+            self._prepare()
         reads: dict[str, list] = {}
+        keys: dict[str, dict] = {}
         produced: set[str] = set()
         for m in range(i, j + 1):
-            node, kc = self.g.nodes[m], self.pc.kernels[m]
-            accs = {a.tensor: a for a in node.operands}
-            for t, lst in kc.reads.items():
+            kreads, kkeys, outs, _ = self._per_kernel[m]
+            for t, lst in kreads.items():
                 if t not in produced:
-                    reads.setdefault(t, []).extend((m, key, fp, accs.get(t)) for key, fp in lst)
-            produced.update(node.kernel.outputs)
+                    reads.setdefault(t, []).extend(lst)
+                    ks = keys.get(t)
+                    if ks is None:
+                        keys[t] = dict(kkeys[t])
+                    else:
+                        for key, n in kkeys[t].items():
+                            ks.setdefault(key, n)
+            produced.update(outs)
         ext = {}
         for t, lst in reads.items():
             d = self.tensors[t]
-            u = _union(_dedupe([(key, fp) for _, key, fp, _ in lst]), d.numel)
-            ext[t] = ([(m, a) for m, _, _, a in lst], u.elements * d.itemsize)
+            ext[t] = (lst, _union_elements(keys[t].values(), d.numel) * d.itemsize)
         writes: dict[str, tuple[str, list]] = {}
         for m in range(i, j + 1):
-            for t, fp in self.pc.kernels[m].writes.items():
-                d = self.tensors[t]
-                later = any(c > j or c < i for c in self.g.consumers.get(t, []))
-                kind = "out" if (d.role == "output" or d.role in DRAM_ROLES or later) else "mid"
-                prev = writes.get(t, ("mid", []))
-                writes[t] = ("out" if "out" in (kind, prev[0]) else "mid", prev[1] + [(m, fp)])
+            for t, n in self._per_kernel[m][3]:
+                lo, hi, dram = self._consumers[t]
+                later = hi > j or lo < i
+                kind = "out" if (dram or later) else "mid"
+                prev = writes.get(t)
+                if prev is None:
+                    writes[t] = (kind, [m], [n])
+                else:
+                    prev[1].append(m)
+                    prev[2].append(n)
+                    if kind == "out" and prev[0] != "out":
+                        writes[t] = ("out", prev[1], prev[2])
         out = {}
-        for t, (kind, lst) in writes.items():
+        for t, (kind, ms, ns) in writes.items():
             d = self.tensors[t]
-            out[t] = (kind, [m for m, _ in lst],
-                      _union([fp for _, fp in lst], d.numel).elements * d.itemsize)
+            out[t] = (kind, ms, _union_elements(ns, d.numel) * d.itemsize)
         self._segments[(i, j)] = (ext, out)
         return ext, out
+
+    def _prepare(self) -> None:
+        """Per kernel, once: its reads as (kernel, access) pairs and distinct footprints
+        by key, its outputs, its writes' footprint sizes; per tensor, the first and last
+        kernel that consumes it and whether it must reach DRAM."""
+        per = []
+        for m in range(self.n):
+            node, kc = self.g.nodes[m], self.pc.kernels[m]
+            accs = {a.tensor: a for a in node.operands}
+            kreads, kkeys = {}, {}
+            for t, lst in kc.reads.items():
+                kreads[t] = [(m, accs.get(t)) for _ in lst]
+                ks: dict = {}
+                for key, fp in lst:
+                    ks.setdefault(key, fp.elements)
+                kkeys[t] = ks
+            writes = [(t, fp.elements) for t, fp in kc.writes.items()]
+            per.append((kreads, kkeys, tuple(node.kernel.outputs), writes))
+        self._per_kernel = per
+        self._consumers = {}
+        for m in range(self.n):
+            for t, _ in per[m][3]:
+                if t in self._consumers:
+                    continue
+                d = self.tensors[t]
+                cs = self.g.consumers.get(t, [])
+                self._consumers[t] = (min(cs, default=self.n), max(cs, default=-1),
+                                      d.role == "output" or d.role in DRAM_ROLES)
 
     def _classes(self, i: int, j: int):
         """Loop-dimension classes of kernels i..j: (find structure, tiled class -> extent)."""
@@ -206,7 +252,7 @@ class ProgramCache:
                     if isinstance(e_out, Access) or isinstance(e_in, Access):
                         continue
                     vp, vq = e_out.single_var(), e_in.single_var()
-                    if vp and vq and pk.extents.get(vp) == k.extents.get(vq):
+                    if vp and vq and self._ext[p].get(vp) == self._ext[m].get(vq):
                         uf.union((p, vp), (m, vq))
             for o in k.outputs:
                 writer[o] = m
@@ -215,12 +261,13 @@ class ProgramCache:
             k = self.g.nodes[m].kernel
             if m not in (i, j) and all(n == 1 for _, n in k.dims):
                 continue                  # a scalar in the middle (a constant) constrains nothing
-            free = {uf.find((m, v)): k.extents[v] for v in k.out_vars if k.extents.get(v, 1) > 1}
+            ext = self._ext[m]
+            free = {uf.find((m, v)): ext[v] for v in k._out_vars if ext.get(v, 1) > 1}
             if m == j and self.plain[m]:
                 # the last kernel may reduce a dimension the others keep: nothing in the
                 # segment reads its sums, which accumulate in its output tile
                 free.update({uf.find((m, v)): n for v, n in k.dims
-                             if v not in k.out_vars and n > 1})
+                             if v not in k._out_vars and n > 1})
             common = free if common is None else {c: n for c, n in common.items()
                                                  if free.get(c) == n}
         return uf, common or {}
@@ -240,14 +287,14 @@ class ProgramCache:
             # in the segment read only complete sums
             k0 = self.g.nodes[i].kernel
             inner = {uf.find((i, v)): n for v, n in k0.dims
-                     if v not in k0.out_vars and n > 1}
+                     if v not in k0._out_vars and n > 1}
             tiled = {**tiled, **inner}
         names = {c: f"t{n}" for n, c in enumerate(sorted(tiled, key=str))}
         ops: list[Operand] = []
         itemsize = 1
 
         def coords(m: int, index) -> tuple:
-            k = self.g.nodes[m].kernel
+            cext = self._cext[m]
             out = []
             for e in index:
                 if isinstance(e, Access):
@@ -259,7 +306,7 @@ class ProgramCache:
                     if cls in names and self.plain[m]:
                         entry.append((names[cls], c))
                     else:
-                        extra += abs(c) * (k.count_extents.get(v, 1) - 1)
+                        extra += abs(c) * (cext.get(v, 1) - 1)
                 if entry and extra:
                     entry.append(("", extra))
                 out.append(tuple(entry))
@@ -269,10 +316,15 @@ class ProgramCache:
         for t, (accs, nbytes) in ext.items():
             d = self.tensors[t]
             # the access that indexes the most tiled dimensions (fewest re-reads)
-            best = max(((m, a) for m, a in accs if a is not None),
-                       key=lambda ma: len({x for c in coords(ma[0], ma[1].index)
-                                           for x, _ in c if x}), default=None)
-            cs = coords(best[0], best[1].index) if best else ()
+            cs, most, seen = (), -1, set()
+            for m, a in accs:
+                if a is None or (m, id(a)) in seen:
+                    continue
+                seen.add((m, id(a)))
+                c = coords(m, a.index)
+                n = len({x for e in c for x, _ in e if x})
+                if n > most:
+                    cs, most = c, n
             ops.append(Operand(t, nbytes, "in", cs,
                                tuple(d.shape) if len(d.shape) == len(cs) else ()))
             itemsize = max(itemsize, d.itemsize)
@@ -434,6 +486,18 @@ def _loop_bodies(g: Graph) -> list[tuple[int, "ProgramCache", list[str]]]:
         bg = build_graph(body)
         out.append((trip, ProgramCache(bg, count_program(bg)), carry_in))
     return out
+
+
+def _union_elements(sizes, numel: int) -> int:
+    """Elements of a tensor that distinct footprints of these sizes touch, as
+    ``counts._union`` counts them: all of it if one covers it, else their sum capped at
+    its size."""
+    total = 0
+    for n in sizes:
+        if n >= numel:
+            return numel
+        total += n
+    return min(numel, total)
 
 
 def nest_key(nest: Nest) -> tuple:

@@ -160,9 +160,9 @@ def _compute(work: dict[str, float], spec: Spec, notes: list[str]) -> tuple[floa
 
 
 def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
-                   cache=None, memo: dict | None = None) -> list[Bound]:
-    """One bound per fidelity (``bounds/fidelity.py``); a fidelity that needs the graph is
-    skipped without one."""
+                   cache=None, memo: dict | None = None, modes=None) -> list[Bound]:
+    """One bound per fidelity (``bounds/fidelity.py``; ``modes``: only those); a fidelity
+    that needs the graph is skipped without one."""
     from .fidelity import FIDELITIES, FidelityInput
     work: dict[str, float] = {}
     for k in pc.kernels:
@@ -174,7 +174,7 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
     out = []
     x = FidelityInput(pc, graph, spec, cache, memo if memo is not None else {})
     for mode, fid in FIDELITIES.items():
-        if graph is None and mode not in ("unfused", "fused"):
+        if graph is None and mode not in ("unfused", "fused") or modes and mode not in modes:
             continue
         traffic = fid.traffic(x)
         t_m = traffic.bytes / spec.bandwidth

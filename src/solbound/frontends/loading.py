@@ -44,3 +44,54 @@ def import_file(path: str):
     except Exception as e:  # noqa: BLE001 - any import failure is reported as one line
         raise FrontendError(f"{path} ({where(e, path)}): does not import: {oneline(e)}") from None
     return mod
+
+
+def parse_param(text: str) -> tuple[str, object]:
+    """``NAME=VALUE`` from the command line: an int, else a float, else the string.
+
+    >>> parse_param("batch=8"), parse_param("lr=1e-3"), parse_param("act=gelu")
+    (('batch', 8), ('lr', 0.001), ('act', 'gelu'))
+    """
+    name, eq, value = text.partition("=")
+    name = name.strip()
+    if not eq or not name.isidentifier():
+        raise FrontendError(f"--param {text!r}: expected NAME=VALUE with NAME a Python name")
+    return name, scalar(value.strip())
+
+
+def scalar(value: str):
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def check_params(spec: str, target, params: dict, *, module_names: bool = False) -> None:
+    """Each parameter must be one ``target`` takes: a keyword of a factory, or (with
+    ``module_names``, a program file) a module-level name it overrides. One line naming
+    the first parameter that is not."""
+    if not params:
+        return
+    if module_names:
+        bad = [k for k in params if not hasattr(target, k)]
+        if bad:
+            raise FrontendError(f"{spec}: parameter {bad[0]!r} is not a module-level name of "
+                                f"the file (a file's parameters override its module-level "
+                                f"constants; a module:factory takes keyword arguments)")
+        return
+    import inspect
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    names = {n for n, p in sig.parameters.items()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    bad = [k for k in params if k not in names]
+    if bad:
+        took = ", ".join(sorted(names)) or "no parameters"
+        raise FrontendError(f"{spec}: the factory takes no parameter {bad[0]!r} (it takes "
+                            f"{took})")

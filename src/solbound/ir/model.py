@@ -52,7 +52,9 @@ class TensorDecl:
         if self.role not in ROLES:
             raise ValueError(f"tensor {self.name}: unknown role {self.role!r}")
 
-    @property
+    # computed once per declaration (the analyses ask millions of times); a frozen
+    # dataclass keeps its fields, the cache lives in the instance's __dict__
+    @functools.cached_property
     def numel(self) -> int:
         return math.prod(self.shape)
 
@@ -60,7 +62,7 @@ class TensorDecl:
     def itemsize(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return self.numel * self.itemsize
 
@@ -332,7 +334,11 @@ class Kernel:
 
     @property
     def out_vars(self) -> set[str]:
-        return {v for a in self.out_index for v in index_vars(a)}
+        return set(self._out_vars)
+
+    @functools.cached_property
+    def _out_vars(self) -> frozenset[str]:
+        return frozenset(v for a in self.out_index for v in index_vars(a))
 
     @property
     def reduce_vars(self) -> tuple[str, ...]:

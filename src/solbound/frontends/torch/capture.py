@@ -34,6 +34,7 @@ class Problem:
     source: str                                   # file path or module:factory
     build: Callable[[str], tuple[Any, tuple]]     # device -> (module, inputs)
     module: Any = None                            # the imported file, when there is one
+    params: dict | None = None                    # --param values the build was given
 
     def build_for_capture(self) -> tuple[Any, tuple, str | None]:
         """(module, inputs, note): on meta tensors, or on the CPU when the constructor
@@ -81,7 +82,7 @@ class Problem:
                 seen.add(key)
                 desc = ", ".join(f"{k}={sizes.get(k, shapes.get(k))}->{new[k]}" for k in new
                                  if new[k] != sizes.get(k, shapes.get(k)))
-                yield desc, _file_problem(self.source, overrides=new)
+                yield desc, _file_problem(self.source, overrides=new, params=self.params)
         yield from self._shrink_literals()
 
     def _shrink_literals(self):
@@ -140,7 +141,7 @@ class Problem:
             if defaults:
                 overrides["Model"] = functools.partial(
                     model_cls, **{k: small(v) for k, v in defaults.items()})
-            yield desc, _file_problem(self.source, overrides=overrides)
+            yield desc, _file_problem(self.source, overrides=overrides, params=self.params)
 
 
 STRUCTURE_ATTR = "_solbound_structure"
@@ -287,8 +288,12 @@ def state_structure(model) -> dict[str, tuple[str, int, object]]:
     return out
 
 
-def _file_problem(spec: str, overrides: dict | None = None) -> Problem:
+def _file_problem(spec: str, overrides: dict | None = None, params: dict | None = None) -> Problem:
     mod = _import_file(spec)
+    if params:
+        from ..loading import check_params
+        check_params(spec, mod, params, module_names=True)
+        overrides = {**params, **(overrides or {})}
     for k, v in (overrides or {}).items():
         setattr(mod, k, v)
     missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(mod, n)]
@@ -308,13 +313,16 @@ def _file_problem(spec: str, overrides: dict | None = None) -> Problem:
                                 f"failed: {_oneline(e)}") from None
         return model, tuple(inputs)
 
-    return Problem(spec, build, mod)
+    return Problem(spec, build, mod, params or None)
 
 
-def load_problem(spec: str) -> Problem:
-    """``FILE.py`` (KernelBench convention) or ``pkg.module:factory``."""
+def load_problem(spec: str, params: dict | None = None) -> Problem:
+    """``FILE.py`` (KernelBench convention) or ``pkg.module:factory``. ``params``: keyword
+    arguments of the factory, or module-level constants of the file that they replace
+    (``--param batch_size=8``)."""
+    params = dict(params or {})
     if spec.endswith(".py") or os.path.sep in spec:
-        return _file_problem(spec)
+        return _file_problem(spec, params=params)
     if ":" not in spec:
         raise FrontendError(f"{spec}: expected FILE.py or pkg.module:factory")
     modname, _, attr = spec.partition(":")
@@ -327,12 +335,14 @@ def load_problem(spec: str) -> Problem:
     factory = getattr(mod, attr, None)
     if not callable(factory):
         raise FrontendError(f"{spec}: {modname} has no callable {attr}")
+    from ..loading import check_params
+    check_params(spec, factory, params)
 
     def build_factory(device: str):
         import torch
         try:
             with torch.device(device), _input_structure_mode():
-                res = factory()
+                res = factory(**params)
         except Exception as e:  # noqa: BLE001
             raise FrontendError(f"{spec}: factory failed: {_oneline(e)}") from None
         if not (isinstance(res, tuple) and len(res) == 2):
@@ -340,7 +350,7 @@ def load_problem(spec: str) -> Problem:
         model, inputs = res
         return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
-    return Problem(spec, build_factory)
+    return Problem(spec, build_factory, params=params or None)
 
 
 EXPERTS_DISPATCH = "batched_mm"
@@ -605,16 +615,18 @@ class _quiet_torch_logs:
     gets one line from us instead."""
 
     def __enter__(self):
+        # one filter on torch's loggers' handlers would miss records propagated to the
+        # root's; setting each torch.* logger's level costs a cache clear over every logger
+        # per call (seconds over a benchmark): a filter on each torch logger that has
+        # handlers, and on the root's handlers, for records from torch
         import logging
-        names = ["torch"] + [n for n in logging.root.manager.loggerDict if n.startswith("torch.")]
-        self.saved = [(lg, lg.level) for lg in map(logging.getLogger, names)]
-        for lg, _ in self.saved:
-            lg.setLevel(logging.CRITICAL)
+        self.saved = logging.root.manager.disable
+        logging.disable(max(self.saved, logging.ERROR))
         return self
 
     def __exit__(self, *exc):
-        for lg, level in self.saved:
-            lg.setLevel(level)
+        import logging
+        logging.disable(self.saved)
         return False
 
 
@@ -648,23 +660,61 @@ EXTRA_DECOMPOSITIONS = ("upsample_nearest2d.vec", "upsample_nearest2d.default",
                         "grid_sampler_2d.default")
 
 
+_TABLE: dict = {}
+
+
 def _decomp_table():
     """Core ATen decompositions, except recurrent layers (lowered whole, as a loop over
     time steps; unrolling them would make thousands of nodes) and triangular masks, plus
-    PyTorch's decompositions of the operators in EXTRA_DECOMPOSITIONS."""
+    PyTorch's decompositions of the operators in EXTRA_DECOMPOSITIONS.
+
+    A plain dict, built once per process and copied per call (materializing torch's lazy
+    table costs tens of milliseconds a call); rebuilt when the set of registered
+    composite operators changes (a custom operator registered since)."""
     import torch
     from torch._decomp import decomposition_table
     from torch.export import default_decompositions
-    table = default_decompositions()
-    for op in list(table.keys()):
-        if str(op) in KEEP:
-            del table[op]
-    for name in EXTRA_DECOMPOSITIONS:
-        packet, overload = name.split(".")
-        op = getattr(getattr(torch.ops.aten, packet), overload)
-        if op in decomposition_table:
-            table[op] = decomposition_table[op]
-    return table
+    key = _cia_key()
+    if _TABLE.get("key") != key:
+        table = default_decompositions()
+        for op in list(table.keys()):
+            if str(op) in KEEP:
+                del table[op]
+        for name in EXTRA_DECOMPOSITIONS:
+            packet, overload = name.split(".")
+            op = getattr(getattr(torch.ops.aten, packet), overload)
+            if op in decomposition_table:
+                table[op] = decomposition_table[op]
+        _TABLE.update(key=key, table=dict(table.items()))
+    _cache_cia_ops()
+    return dict(_TABLE["table"])
+
+
+def _cia_key() -> tuple:
+    """What the set of composite-implicit operators depends on: the C++ dispatcher's
+    registrations and the operator namespaces."""
+    import torch
+    regs = torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+    return (len(regs), hash(tuple(regs)), tuple(torch.ops._dir))
+
+
+def _cache_cia_ops() -> None:
+    """``run_decompositions`` walks every operator namespace for its composite-implicit
+    operators on every call (about 60 ms; torch cannot cache it because a custom operator
+    may register later). Cached here under :func:`_cia_key`, which changes when one does."""
+    import torch.export.exported_program as ep_mod
+    orig = getattr(ep_mod, "_collect_all_valid_cia_ops", None)
+    if orig is None or getattr(orig, "_solbound_cached", False):
+        return
+    memo: dict = {}
+
+    def cached():
+        key = _cia_key()
+        if memo.get("key") != key:
+            memo.update(key=key, ops=orig())
+        return set(memo["ops"])
+    cached._solbound_cached = True
+    ep_mod._collect_all_valid_cia_ops = cached
 
 
 class _fast_recurrent_shapes:

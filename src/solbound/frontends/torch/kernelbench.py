@@ -1,8 +1,8 @@
 """``solbound kernelbench ROOT``: analyze (and validate) KernelBench problems.
 
-Each problem runs in its own forked process with a time limit (the parent has
-imported torch once, so a child starts in milliseconds); a failure or a
-timeout is one CSV row, never the end of the run. ``--timings`` reads
+Each problem is a task of the sweep engine (``sweep/engine.py``: Ray, ``--jobs``
+local workers or a cluster at ``--address``) with a time and memory limit; a
+failure, a dead worker or a timeout is one CSV row, never the end of the run. ``--timings`` reads
 KernelBench's published baselines (``baseline_time_torch.json`` and
 ``baseline_time_torch_compile_inductor_default.json``, milliseconds) and
 adds headroom = measured / fused bound.
@@ -13,13 +13,11 @@ from __future__ import annotations
 import csv
 import json
 import math
-import multiprocessing as mp
 import os
 import re
 import statistics
 import sys
 import time
-import traceback
 
 def _key(mode: str) -> str:
     return mode.replace("-", "_")
@@ -165,95 +163,49 @@ def analyze_one(path: str, arch: str, policy: str | None, validate: bool) -> dic
     return row
 
 
-MEMORY_LIMIT = 10 * 2**30   # per worker: a runaway problem fails alone instead of the machine
+MEMORY_LIMIT = 10 * 2**30   # per problem: a runaway problem fails alone instead of the machine
 
 
-def _child(conn, path, arch, policy, validate):
-    try:
-        import resource
-        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-    except (ValueError, OSError):
-        pass
-    try:
-        conn.send(("ok", analyze_one(path, arch, policy, validate)))
-    except BaseException as e:  # noqa: BLE001 - one problem's failure is one row
-        msg = str(e).strip().splitlines()
-        where = traceback.extract_tb(e.__traceback__)
-        loc = f" ({os.path.basename(where[-1].filename)}:{where[-1].lineno})" if where else ""
-        conn.send(("error", f"{type(e).__name__}: {msg[0] if msg else ''}{loc}"))
-    finally:
-        conn.close()
-
-
-def _warm_up() -> None:
-    """Trace a tiny program in the parent so that forked children inherit torch.export's
-    warmed-up state (its first call in a process costs seconds)."""
-    import warnings
-    import torch
-    import torch.nn as nn
-    from ...api import analyze
-    with warnings.catch_warnings(), torch.device("meta"):
-        warnings.simplefilter("ignore")
-        m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
-                          nn.Linear(4 * 6 * 6, 5), nn.Softmax(-1))
-        analyze(m, (torch.empty(2, 3, 8, 8),), arch="h100-sxm")
+def _problem(item) -> dict:
+    """One problem on an engine worker (``sweep/engine.py``); ``item``: (path relative to
+    the checkout, the checkout, arch, policy, validate). On a cluster the checkout is the
+    shipped working directory."""
+    rel, root, arch, policy, validate = item
+    base = root if os.path.isdir(root) else os.getcwd()
+    return analyze_one(os.path.join(base, rel), arch, policy, validate)
 
 
 def run(problems, *, arch="h100-sxm", policy=None, validate=False, timings=None, stale=None,
-        timeout=120.0,
-        jobs=1, progress=print) -> list[dict]:
-    import torch  # noqa: F401 - imported once in the parent, shared by forked children
-    from ... import api  # noqa: F401
-    from . import rules  # noqa: F401
-    _warm_up()
-    ctx = mp.get_context("fork")
+        timeout=120.0, jobs=1, address=None, progress=print) -> list[dict]:
+    """Every problem as a task of the sweep engine (Ray: ``jobs`` local workers, or the
+    cluster at ``address``); rows in the problems' order whatever the completion order."""
+    from ...bounds.fidelity import FIDELITIES
+    from ...sweep.engine import Engine
     timings = timings or {}
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for _, _, p in problems])
+    # the largest problems (level 3) first: the last to finish are then short ones
+    order = sorted(range(len(problems)), key=lambda i: -problems[i][0])
+    items = [(os.path.relpath(os.path.abspath(problems[i][2]), root), root, arch, policy,
+              validate) for i in order]
     rows: list[dict] = [None] * len(problems)  # type: ignore[list-item]
-    pending = list(enumerate(problems))
-    running: dict[int, tuple] = {}
     t_start = time.perf_counter()
     done = 0
-    while pending or running:
-        while pending and len(running) < max(1, jobs):
-            i, (lv, num, path) = pending.pop(0)
-            parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child, args=(child, path, arch, policy, validate), daemon=True)
-            p.start()
-            child.close()
-            running[i] = (p, parent, time.perf_counter())
-        time.sleep(0.02)
-        for i, (p, conn, t0) in list(running.items()):
+    with Engine(jobs=jobs, address=address, working_dir=root if address else None,
+                timeout=timeout, memory_limit=MEMORY_LIMIT) as eng:
+        for out in eng.map(_problem, items):
+            i = order[out.index]
             lv, num, path = problems[i]
             name = os.path.basename(path)
             base = {"level": lv, "problem": num, "name": name}
-            result = None
-            if conn.poll():
-                try:
-                    result = conn.recv()
-                except EOFError:
-                    result = ("error", "worker died without a result")
-            elif not p.is_alive():
-                result = ("error", f"worker exited with code {p.exitcode}")
-            elif time.perf_counter() - t0 > timeout:
-                p.kill()
-                result = ("timeout", f"over the {timeout:.0f} s limit")
-            if result is None:
-                continue
-            p.join(1)
-            conn.close()
-            del running[i]
-            kind, payload = result
-            if kind == "ok":
-                row = {**base, **payload}
+            if out.status == "ok":
+                row = {**base, **out.value}
             else:
-                row = {**base, "status": "timeout" if kind == "timeout" else "error",
-                       "validated": "skipped", "error": payload,
-                       "seconds": time.perf_counter() - t0}
+                row = {**base, "status": "timeout" if out.status == "timeout" else "error",
+                       "validated": "skipped", "error": out.error, "seconds": out.seconds}
             meas = timings.get((lv, name), {})
             row["timing_stale"] = (stale or {}).get(path, "")
             row["measured_eager_s"] = meas.get("eager")
             row["measured_compile_s"] = meas.get("compile")
-            from ...bounds.fidelity import FIDELITIES
             for mode in FIDELITIES:
                 for key in ("eager", "compile"):
                     m = meas.get(key)
@@ -377,9 +329,14 @@ def run_cli(a) -> int:
         print(f"note: {os.path.basename(path)} changed after the timings ({since[:10]}): {line}",
               flush=True)
     t0 = time.perf_counter()
-    rows = run(problems, arch=a.arch, policy=a.precision_policy, validate=a.validate,
-               timings=timings, stale=stale, timeout=a.timeout, jobs=a.jobs,
-               progress=lambda s: print(s, flush=True))
+    from ...sweep.engine import EngineError
+    try:
+        rows = run(problems, arch=a.arch, policy=a.precision_policy, validate=a.validate,
+                   timings=timings, stale=stale, timeout=a.timeout, jobs=a.jobs,
+                   address=getattr(a, "address", None), progress=lambda s: print(s, flush=True))
+    except EngineError as e:
+        print(f"solbound: error: {e}", file=sys.stderr)
+        return 2
     total = time.perf_counter() - t0
     write_csv(rows, a.csv)
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("ok", "partial", "error", "timeout")}
