@@ -35,6 +35,8 @@ PROGRAM = textwrap.dedent('''
             os._exit(7)                 # the worker process dies
         if batch == 5:
             time.sleep(120)             # past the time limit
+        if batch == 6:
+            return bytearray(64 << 30)  # past the memory limit
         return mlp(batch, width)
 ''')
 
@@ -134,27 +136,29 @@ def test_analyze_param_passes_keyword_arguments_and_module_constants(tmp_path, c
 @ray_group
 def test_a_sweep_on_local_ray_survives_raising_dying_and_slow_points(tmp_path, capsys,
                                                                     monkeypatch):
-    path = _write(tmp_path, grid="batch = [1, 2, 3, 4, 5]", program="prog:flaky",
-                  extra="timeout = 15")
-    out, js = tmp_path / "out.csv", tmp_path / "out.json"
-    assert main(["sweep", path, "--csv", str(out), "--json", str(js), "--jobs", "2"]) == 0
+    path = _write(tmp_path, grid="batch = [1, 2, 3, 4, 5, 6]", program="prog:flaky",
+                  extra="timeout = 15\nmemory = 4")
+    out, js, page = tmp_path / "out.csv", tmp_path / "out.json", tmp_path / "out.html"
+    assert main(["sweep", path, "--csv", str(out), "--json", str(js), "--html", str(page),
+                 "--jobs", "2"]) == 0
     rows = _rows(out)
     with open(out, newline="") as f:
         assert next(csv.reader(f)) == ["batch"] + COLUMNS
     # one row per point, chip and asked fidelity, in point order
     assert [(r["batch"], r["arch"], r["mode"]) for r in rows] == [
-        (str(b), a, m) for b in range(1, 6) for a in ("h100-sxm", "b200")
+        (str(b), a, m) for b in range(1, 7) for a in ("h100-sxm", "b200")
         for m in ("unfused", "fused")]
     status = {r["batch"]: (r["status"], r["error"]) for r in rows}
     assert status["1"] == ("ok", "") and status["4"] == ("ok", "")
     assert status["2"][0] == "error" and "ValueError: batch 2 is refused" in status["2"][1]
     assert status["3"][0] == "died" and "worker process died" in status["3"][1]
     assert status["5"][0] == "timeout" and "time limit of 15 s" in status["5"][1]
+    assert status["6"][0] == "error" and "over the memory limit of 4 GiB" in status["6"][1]
     assert {r["engine"] for r in rows} == {"ray-local"}
     ok = [r for r in rows if r["status"] == "ok"]
     assert all(int(r["macs"]) == _macs(int(r["batch"]), 32) for r in ok)
     err = capsys.readouterr().err
-    assert "[5/5" in err and "failed 3, left 0" in err
+    assert "[6/6" in err and "failed 4, left 0" in err
 
     # a sweep row equals the single `analyze --param` run of its point
     monkeypatch.chdir(tmp_path)
@@ -171,7 +175,7 @@ def test_a_sweep_on_local_ray_survives_raising_dying_and_slow_points(tmp_path, c
 
     # --resume: points already in the output are not run again (the engine does not start)
     assert main(["sweep", path, "--csv", str(out), "--resume"]) == 0
-    assert "5 of 5 point(s) already in the output, 0 to run" in capsys.readouterr().err
+    assert "6 of 6 point(s) already in the output, 0 to run" in capsys.readouterr().err
     assert _rows(out) == rows
     # ... and a point missing from it is (its rows come back in point order)
     with open(out, "w", newline="") as f:
@@ -179,11 +183,16 @@ def test_a_sweep_on_local_ray_survives_raising_dying_and_slow_points(tmp_path, c
         w.writeheader()
         w.writerows(r for r in rows if r["batch"] != "4")
     assert main(["sweep", path, "--csv", str(out), "--resume", "--jobs", "1"]) == 0
-    assert "4 of 5 point(s) already in the output, 1 to run" in capsys.readouterr().err
+    assert "5 of 6 point(s) already in the output, 1 to run" in capsys.readouterr().err
     again = _rows(out)
     assert [(r["batch"], r["arch"], r["mode"]) for r in again] == \
         [(r["batch"], r["arch"], r["mode"]) for r in rows]
     assert [r for r in again if r["batch"] == "4"] == [r for r in rows if r["batch"] == "4"]
+
+    html = page.read_text()
+    assert "Speed of light against batch" in html and "plotly" in html
+    assert "Every point on the roofline of h100-sxm" in html and "Failed points" in html
+    assert "batch=3: died" in html
 
     data = json.loads(js.read_text())
     assert data["parameters"] == ["batch"] and len(data["rows"]) == len(rows)
@@ -222,3 +231,26 @@ def test_kernelbench_on_the_engine_writes_the_serial_runs_csv(tmp_path, capsys):
     assert a[2]["status"] == "error" and "this problem does not import" in a[2]["error"]
     assert a[3]["status"] == "error" and "worker process died" in a[3]["error"]
     assert "4 problems in" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@ray_group
+def test_a_sweep_on_a_running_cluster_ships_the_programs_folder(tmp_path, monkeypatch):
+    """``ray start --head`` (a cluster of one node), then ``--address auto`` from another
+    folder: the program's module comes to the workers with the sweep's working_dir."""
+    import subprocess
+    path = _write(tmp_path, grid="batch = [1, 2]")
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    subprocess.run(["ray", "start", "--head", "--num-cpus", "2", "--include-dashboard=false"],
+                   check=True, capture_output=True, env=env)
+    try:
+        monkeypatch.chdir("/")
+        out = tmp_path / "out.csv"
+        assert main(["sweep", path, "--csv", str(out), "--address", "auto"]) == 0
+        rows = _rows(out)
+        assert {r["engine"] for r in rows} == {"ray@auto"}
+        assert all(r["status"] == "ok" for r in rows)
+        assert [int(r["macs"]) for r in rows if r["arch"] == "b200" and r["mode"] == "fused"] \
+            == [_macs(1, 32), _macs(2, 32)]
+    finally:
+        subprocess.run(["ray", "stop", "--force"], capture_output=True)

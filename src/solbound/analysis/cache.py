@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from ..graph.einsum import Graph
 from ..ir.classify import product_factors
 from ..ir.model import DRAM_ROLES, Access, Idx, Program, loop_segments, per_iteration_loops, walk
-from .counts import ProgramCounts, _dedupe, _union
+from .counts import ProgramCounts
 from .tiling import Nest, Operand, best_traffic
 
 MAX_SEGMENT = 12

@@ -185,8 +185,7 @@ class Engine:
             ray.shutdown()
             self._started = False
 
-    def map(self, fn: Callable, items: Iterable, *, on_submit: Callable | None = None
-            ) -> Iterator[Outcome]:
+    def map(self, fn: Callable, items: Iterable) -> Iterator[Outcome]:
         """``fn(item)`` for each item, as Ray tasks; outcomes in completion order."""
         import ray
         from ray.exceptions import (GetTimeoutError, OutOfMemoryError, RayError,
@@ -200,8 +199,6 @@ class Engine:
                 i, item = pending.pop()
                 ref = remote.remote(fn, item, self.memory_limit)
                 running[ref] = (i, time.perf_counter(), False)
-                if on_submit:
-                    on_submit(i)
             done, _ = ray.wait(list(running), num_returns=1, timeout=0.1)
             now = time.perf_counter()
             for ref in done:
