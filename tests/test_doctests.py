@@ -8,7 +8,8 @@ import pytest
 MODULES = ["solbound.ir.affine", "solbound.ir.demand", "solbound.analysis.footprint",
            "solbound.analysis.tiling", "solbound.bounds.fidelity", "solbound.bounds.provision",
            "solbound.bounds.opportunities", "solbound.hardware.catalog", "solbound.ir.reroll",
-           "solbound.frontends.torch.stacks"]
+           "solbound.frontends.torch.stacks", "solbound.sweep.spec", "solbound.sweep.engine",
+           "solbound.frontends.loading"]
 
 
 @pytest.mark.parametrize("name", MODULES)

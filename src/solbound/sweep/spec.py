@@ -2,11 +2,11 @@
 called with. Everything is checked before any point runs; each mistake is one line that
 names the key.
 
->>> s = parse({"program": "m.py", "arch": ["h100-sxm"], "grid": {"b": [1, 2], "s": [8]}},
-...           "sweep.toml")
+>>> s = parse({"program": "pkg.models:mlp", "arch": ["h100-sxm"],
+...            "grid": {"b": [1, 2], "s": [8]}}, "sweep.toml")
 >>> [p for p in s.points()]
 [{'b': 1, 's': 8}, {'b': 2, 's': 8}]
->>> parse({"program": "m.py", "arch": "h100-sxm", "gird": {}}, "sweep.toml")
+>>> parse({"program": "pkg.models:mlp", "arch": "h100-sxm", "gird": {}}, "sweep.toml")
 Traceback (most recent call last):
 ...
 solbound.sweep.spec.SweepError: sweep.toml: unknown key 'gird' (keys: arch, grid, memory, modes, precision_policy, program, timeout, train, world_size)
