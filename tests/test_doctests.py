@@ -9,7 +9,7 @@ MODULES = ["solbound.ir.affine", "solbound.ir.demand", "solbound.analysis.footpr
            "solbound.analysis.tiling", "solbound.bounds.fidelity", "solbound.bounds.provision",
            "solbound.bounds.opportunities", "solbound.hardware.catalog", "solbound.ir.reroll",
            "solbound.frontends.torch.stacks", "solbound.sweep.spec", "solbound.sweep.engine",
-           "solbound.frontends.loading"]
+           "solbound.frontends.loading", "solbound.ir.execute"]
 
 
 @pytest.mark.parametrize("name", MODULES)

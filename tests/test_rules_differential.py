@@ -164,6 +164,16 @@ def ints(high):
     return lambda shape: torch.randint(0, high, shape)
 
 
+# bits of integer tensors: packed 4-bit weights unpacked with shifts and masks (int8 and
+# uint8 storage: a right shift of a negative int8 is arithmetic, as in PyTorch)
+for _dt in (torch.uint8, torch.int8, torch.int32):
+    case(f"bits-{str(_dt).split('.')[-1]}",
+         lambda s, a, b: (((a >> 4) & 0xF) | ((b << 2) ^ a) | torch.bitwise_right_shift(b, 1)
+                          | torch.bitwise_left_shift(a & 0x3, b & 0x3) | ~a).float()
+         + torch.bitwise_xor(a, b).float(),
+         [((3, 5), (5,)), ((2, 4, 3), (4, 1))],
+         make=lambda sh, _dt=_dt: torch.randint(-128 if _dt.is_signed else 0,
+                                                128 if _dt.is_signed else 256, sh, dtype=_dt))
 case("embedding", lambda s, i: s.e(i), [((2, 3),), ((5,),)], {"e": nn.Embedding(11, 4)}, make=ints(11))
 case("gather", lambda s, x: torch.gather(x, 1, (x.abs() * 3).long().clamp(max=x.shape[1] - 1)),
      [((3, 5),), ((2, 7, 3),)])

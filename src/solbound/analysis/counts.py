@@ -101,7 +101,8 @@ def _union(fps: list[Footprint], numel: int) -> Footprint:
 
 
 # narrower first: the precision a contraction runs at is its narrowest operand's
-_WIDTH = {"f8e4m3": 1, "f8e5m2": 1, "f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+_WIDTH = {"f8e4m3": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f16": 2, "bf16": 2,
+          "f32": 4, "f64": 8}
 
 
 def program_dtypes(g: Graph) -> dict[str, str]:

@@ -26,7 +26,7 @@ DEFAULT_POLICY = {
 CLASSES = ("matmul", "conv", "attention")
 MATRIX_PIPE = {"f16": "tensor_fp16", "bf16": "tensor_bf16", "f64": "tensor_fp64",
                "i8": "tensor_int8", "u8": "tensor_int8", "f8e4m3": "tensor_fp8",
-               "f8e5m2": "tensor_fp8"}
+               "f8e5m2": "tensor_fp8", "f8e4m3fnuz": "tensor_fp8", "f8e5m2fnuz": "tensor_fp8"}
 VECTOR_PIPE = {"f64": "vector_fp64", "f16": "vector_fp16", "bf16": "vector_bf16"}
 # pipes to try, in order, when a chip lacks one (each substitution is reported)
 FALLBACK = {

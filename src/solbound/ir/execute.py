@@ -21,8 +21,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .affine import Aff, Atom, guard_holds
-from .model import (EXTERNAL_ROLES, Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl,
-                    accesses, loop_segments)
+from .model import (EXTERNAL_ROLES, FLOAT_DTYPES, LOW_FLOATS, Access, Call, Const, Expr, Idx,
+                    Kernel, Program, TensorDecl, accesses, loop_segments)
 
 CHUNK_ELEMENTS = 1 << 25
 
@@ -34,13 +34,32 @@ class ExecutionError(RuntimeError):
 def np_dtype(dtype: str, wide: bool = False):
     if dtype == "f64":
         return np.float64
-    if dtype in ("f32", "f16", "bf16", "f8e4m3", "f8e5m2"):
+    if dtype in FLOAT_DTYPES:
         return np.float64 if wide else np.float32
     if dtype == "bool":
         return np.bool_
     if dtype in ("c64", "c128"):
         return np.complex128
     return np.int64
+
+
+def round_to(a, dtype: str) -> np.ndarray:
+    """``a`` rounded onto a narrow float format's grid (round to nearest even, by
+    ml_dtypes). As PyTorch converts: e4m3fn saturates at its largest finite value (448),
+    the fnuz formats give NaN past theirs, e5m2 gives infinity.
+
+    >>> round_to(np.array([0.3, 300.0, 1000.0]), "f8e4m3").tolist()
+    [0.3125, 288.0, 448.0]
+    >>> round_to(np.array([1e6]), "f8e5m2").tolist()
+    [inf]
+    """
+    import ml_dtypes
+    fmt = getattr(ml_dtypes, LOW_FLOATS[dtype])
+    a = np.asarray(a, dtype=np.float32)
+    if dtype == "f8e4m3":
+        top = float(ml_dtypes.finfo(fmt).max)
+        a = np.clip(a, -top, top)
+    return a.astype(fmt).astype(np.float32)
 
 
 # fixed-width integers the executor holds in int64: (bits, signed)
@@ -243,6 +262,8 @@ class _KernelExec:
             if np_dtype(dt) == np.int64 and np.issubdtype(np.asarray(a).dtype, np.floating):
                 a = np.trunc(a).astype(np.int64)
                 return wrap_int(a, dt) if dt in INT_WIDTHS else a
+            if dt in LOW_FLOATS:
+                return round_to(a, dt).astype(np_dtype(dt, self.wide))
             a = np.asarray(a).astype(np_dtype(dt, self.wide))
             return wrap_int(a, dt) if dt in INT_WIDTHS else a
         with np.errstate(all="ignore"):

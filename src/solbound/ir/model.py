@@ -23,11 +23,20 @@ from .affine import Aff, Atom, Guard
 # dtypes
 
 DTYPE_BYTES: dict[str, int] = {
-    "f64": 8, "f32": 4, "f16": 2, "bf16": 2, "f8e4m3": 1, "f8e5m2": 1,
-    "i64": 8, "i32": 4, "u32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1,
+    "f64": 8, "f32": 4, "f16": 2, "bf16": 2,
+    # 8-bit floats (OCP e4m3fn and e5m2; the fnuz variants of AMD's MI300; e8m0, the
+    # power-of-two scales of MX formats) and a byte holding two fp4 e2m1 values (its tensors'
+    # shapes count bytes: packed storage is read at its stored size)
+    "f8e4m3": 1, "f8e5m2": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e8m0": 1, "f4e2m1x2": 1,
+    "i64": 8, "i32": 4, "u32": 4, "i16": 2, "u16": 2, "i8": 1, "u8": 1, "bool": 1,
     "c64": 8, "c128": 16,
 }
-FLOAT_DTYPES = frozenset({"f64", "f32", "f16", "bf16", "f8e4m3", "f8e5m2"})
+# formats narrower than 16 bits, by their ml_dtypes name (the executor rounds a conversion
+# to one of them onto its grid, as the hardware does)
+LOW_FLOATS = {"f8e4m3": "float8_e4m3fn", "f8e5m2": "float8_e5m2",
+              "f8e4m3fnuz": "float8_e4m3fnuz", "f8e5m2fnuz": "float8_e5m2fnuz",
+              "f8e8m0": "float8_e8m0fnu"}
+FLOAT_DTYPES = frozenset({"f64", "f32", "f16", "bf16"} | set(LOW_FLOATS))
 
 ROLES = ("input", "parameter", "buffer", "constant", "assumed", "intermediate", "output")
 # roles whose values exist before the program's kernels run. ``assumed``: values the run

@@ -31,7 +31,10 @@ from ..contract import FrontendError, LoweredProgram, Unsupported
 
 DTYPES = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16",
           "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8",
-          "uint32": "u32", "bool": "bool", "complex64": "c64", "complex128": "c128"}
+          "uint32": "u32", "uint16": "u16", "bool": "bool", "complex64": "c64",
+          "complex128": "c128", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2",
+          "float8_e4m3fnuz": "f8e4m3fnuz", "float8_e5m2fnuz": "f8e5m2fnuz",
+          "float8_e8m0fnu": "f8e8m0"}
 
 
 class JaxLoweringError(Exception):

@@ -250,6 +250,8 @@ def _triangular_by_value(t) -> tuple[str, int, object] | None:
     import torch
     if t.dim() < 2 or t.shape[-1] < 2 or t.numel() > (1 << 24) or t.is_complex():
         return None
+    if t.is_floating_point() and t.element_size() == 1:
+        t = t.float()         # float8 has no tril/triu or comparisons on the CPU
     if not torch.any(t):
         return None
     # ones exactly where lo <= col - row < hi: a triangle or a band (a sliding window)

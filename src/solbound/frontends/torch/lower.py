@@ -40,9 +40,12 @@ TORCH_DTYPES = {
 }
 TORCH_DTYPES[torch.complex64] = "c64"
 TORCH_DTYPES[torch.complex128] = "c128"
-if hasattr(torch, "float8_e4m3fn"):
-    TORCH_DTYPES[torch.float8_e4m3fn] = "f8e4m3"
-    TORCH_DTYPES[torch.float8_e5m2] = "f8e5m2"
+for _name, _ir in (("float8_e4m3fn", "f8e4m3"), ("float8_e5m2", "f8e5m2"),
+                   ("float8_e4m3fnuz", "f8e4m3fnuz"), ("float8_e5m2fnuz", "f8e5m2fnuz"),
+                   ("float8_e8m0fnu", "f8e8m0"), ("float4_e2m1fn_x2", "f4e2m1x2"),
+                   ("uint16", "u16"), ("uint32", "u32")):
+    if hasattr(torch, _name):
+        TORCH_DTYPES[getattr(torch, _name)] = _ir
 IR_TO_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
 
 

@@ -24,8 +24,10 @@ def _to_np(t) -> np.ndarray:
     import torch
     if isinstance(t, torch.Tensor):
         t = t.detach()
-        if t.dtype in (torch.bfloat16, torch.float16):
-            t = t.float()
+        if t.is_floating_point() and t.element_size() < 4:
+            t = t.float()     # bf16, fp16, fp8: numpy holds them as float32, exactly
+        elif str(t.dtype).startswith("torch.float4"):
+            t = t.view(torch.uint8)   # packed fp4: its bytes
         return t.cpu().numpy()
     return np.asarray(t)
 
@@ -228,9 +230,14 @@ def _state_value(model, target: str, ep=None):
     try:
         return _resolve(model, target)
     except AttributeError:
-        if ep is None or target not in ep.constants:
-            raise
-        return ep.constants[target]
+        if ep is not None and target in ep.constants:
+            return ep.constants[target]
+        # a tensor subclass parameter (torchao's quantized weights) that export unwrapped
+        # into its inner tensors (``w.parametrizations.weight.original0``...): the exported
+        # program holds their values
+        if ep is not None and target in ep.state_dict:
+            return ep.state_dict[target]
+        raise
 
 
 def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
@@ -400,6 +407,30 @@ def _input_plans(inputs):
             yield desc, tuple(out)
 
 
+def _is_cast(k) -> bool:
+    """A kernel that only converts a tensor's type, element for element."""
+    from ...ir.model import Access, Call
+    b = k.body
+    return (k.reduce is None and k.loop is None and not k.lib and not k.scatter
+            and isinstance(b, Call) and b.op.startswith("to_") and len(b.args) == 1
+            and isinstance(b.args[0], Access) and b.args[0].index == k.out_index)
+
+
+def _cast_only_difference(a, b) -> int:
+    """How many type-conversion kernels one trace has that the other folds into its
+    consumer (0 when the structures are equal or differ otherwise). Library code may
+    convert on one device and not on another (torchao's int8 product: ``out_dtype`` on
+    meta, ``_int_mm`` then ``to`` on the CPU): the same arithmetic."""
+    sa, sb = _structure(a), _structure(b)
+    if sa == sb:
+        return 0
+    ka = [x for x, k in zip(sa, a.kernels) if not _is_cast(k)]
+    kb = [x for x, k in zip(sb, b.kernels) if not _is_cast(k)]
+    if ka != kb:
+        return 0
+    return abs(sum(map(_is_cast, a.kernels)) - sum(map(_is_cast, b.kernels))) or 0
+
+
 def _structure_difference(a, b) -> str:
     """The first kernel where two programs' structures part, in a few words."""
     sa, sb = _structure(a), _structure(b)
@@ -508,7 +539,8 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
         rep.validation = {"status": "inconclusive",
                           "reason": f"re-tracing the model with real tensors failed: {e}"}
         return rep.validation
-    if reduced is None and _structure(low.program) != _structure(lowered.program):
+    casts = _cast_only_difference(lowered.program, low.program) if reduced is None else 0
+    if reduced is None and not casts and _structure(low.program) != _structure(lowered.program):
         # the harness could not reproduce the analyzed program: nothing is known about
         # whether the analyzed IR is right, so this is no failure of the IR
         rep.validation = {"status": "inconclusive",
@@ -541,6 +573,12 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
     if reduced is not None:
         res["reduced_by"] = reduced
         res["summary"] = res.get("summary", "") + f" at reduced shapes ({reduced})"
+    if casts:
+        res["retraced_casts"] = casts
+        res["summary"] = (res.get("summary", "") + f"; the re-traced program has {casts} "
+                          f"type-conversion kernel(s) more or fewer than the analyzed one "
+                          f"(library code that converts on one device and not on the other), "
+                          f"every other kernel the same")
     rep.validation = res
     return res
 

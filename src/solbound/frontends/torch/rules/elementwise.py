@@ -121,6 +121,14 @@ for _name, _op in (("logical_and", "and"), ("logical_or", "or"), ("logical_xor",
     _ew(f"aten.{_name}", arity=2)(lambda ctx, a, b, _op=_op: f(_op, a, b))
 
 
+# shifts of integer tensors (unpacking packed 4-bit weights: ``(q >> 4) & 0xF``): one vector
+# op each, as any integer arithmetic
+for _name, _op in (("__rshift__", "shr"), ("bitwise_right_shift", "shr"),
+                   ("__lshift__", "shl"), ("bitwise_left_shift", "shl"),
+                   ("__and__", "and"), ("__or__", "or"), ("__xor__", "xor")):
+    _ew(f"aten.{_name}", arity=2)(lambda ctx, a, b, _op=_op: f(_op, a, b))
+
+
 @_ew("aten.logical_not", "aten.bitwise_not", arity=1)
 def _not(ctx, a):
     return f("not", a)

@@ -38,9 +38,26 @@ def _scale_add(ctx: OpCtx, prod: View, bias, beta, alpha, out: View) -> None:
     ctx.emit(kb, out, idx, p)
 
 
-@rule("aten.mm", "aten.bmm")
+@rule("aten.mm", "aten.bmm", "aten._int_mm")
 def mm(ctx: OpCtx) -> None:
+    """``_int_mm``: int8 x int8 accumulated in int32 (torchao's dynamic int8 quantization):
+    the operands' dtype puts it on the int8 tensor-core pipe."""
     a, b = ctx.args[:2]
+    out = ctx.output()
+    _matmul(ctx, a, b, out, a.ndim - 2)
+    ctx.bind(out)
+
+
+@rule("out_dtype")
+def out_dtype(ctx: OpCtx) -> None:
+    """The ``out_dtype`` higher-order operator: ``out_dtype(aten.mm, torch.int32, a, b)``
+    runs the inner product and writes its sums at ``out_dtype`` (int8 operands, int32
+    sums: torchao's int8 x int8 matmul). Only products are wrapped this way."""
+    from ..lower import LoweringError
+    inner = str(ctx.node.args[0])
+    if inner not in ("aten.mm.default", "aten.bmm.default", "aten._int_mm.default"):
+        raise LoweringError(f"out_dtype around {inner}: only mm and bmm are lowered")
+    a, b = ctx.args[2:4]
     out = ctx.output()
     _matmul(ctx, a, b, out, a.ndim - 2)
     ctx.bind(out)

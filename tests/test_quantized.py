@@ -1,0 +1,151 @@
+"""Quantized programs (issue: weights at their stored width, products on the pipe of their
+dtypes): packed 4-bit weights unpacked with shifts and masks, fp8 weights, torchao's int8
+configs, JAX products on int8 and fp8 operands. Every count is closed form: a linear of
+``k`` inputs and ``n`` outputs on ``t`` tokens is t*k*n MACs; the fused bytes are the
+stored weights, their scales, the activations in and the result out, each once."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from solbound.api import analyze
+
+T, K, N, G = 4, 256, 128, 64          # tokens, inputs, outputs, group size
+
+
+def _check(rep, macs, fused, pipe):
+    assert not rep.unsupported, [(u.operator, u.source) for u in rep.unsupported]
+    assert rep.counts.macs == macs
+    assert rep.counts.fused.bytes == fused
+    b = rep.bound("h100-sxm", "fused")
+    assert pipe in b.pipe_seconds and b.pipe_seconds[pipe] > 0, b.pipe_seconds
+    assert rep.validation["status"] == "passed", rep.validation
+
+
+class PackedInt4Linear(nn.Module):
+    """The AWQ/GPTQ reference form: two 4-bit weights per byte, unpacked with ``& 0xF``
+    and ``>> 4``, dequantized per group of G inputs with a scale and a zero point."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer("qw", torch.randint(0, 256, (N, K // 2), dtype=torch.uint8,
+                                                 generator=g))
+        self.register_buffer("scale", torch.rand(N, K // G, generator=g) * 0.1)
+        self.register_buffer("zero", torch.full((N, K // G), 8.0))
+
+    def forward(self, x):
+        lo = (self.qw & 0xF).float()
+        hi = (self.qw >> 4).float()
+        w = torch.stack([lo, hi], -1).reshape(N, K // G, G)
+        w = (w - self.zero[..., None]) * self.scale[..., None]
+        return x @ w.reshape(N, K).T
+
+
+def test_packed_int4_weights_are_read_at_their_stored_size():
+    rep = analyze(PackedInt4Linear(), (torch.randn(T, K),), arch="h100-sxm", validate=True)
+    # 4-bit weights: K/2 bytes per output row; fp32 scales and zeros per group
+    fused = N * K // 2 + 2 * N * (K // G) * 4 + T * K * 4 + T * N * 4
+    # the product runs in the activations' dtype (fp32 here: the FP32 vector pipe)
+    _check(rep, T * K * N, fused, "vector_fp32")
+
+
+class Fp8Linear(nn.Module):
+    """fp8 (e4m3) weights with a per-row scale, dequantized to bf16 in forward."""
+
+    def __init__(self, dtype=torch.float8_e4m3fn):
+        super().__init__()
+        self.register_buffer("w", (torch.randn(N, K) * 2).to(dtype))
+        self.register_buffer("s", torch.rand(N, 1) + 0.5)
+
+    def forward(self, x):
+        return x @ (self.w.to(torch.bfloat16) * self.s.to(torch.bfloat16)).T
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_weights_are_one_byte_and_validate(dtype):
+    rep = analyze(Fp8Linear(dtype), (torch.randn(T, K, dtype=torch.bfloat16),),
+                  arch="h100-sxm", validate=True)
+    _check(rep, T * K * N, N * K + N * 4 + T * K * 2 + T * N * 2, "tensor_bf16")
+
+
+class Fp8Activations(nn.Module):
+    """Activations quantized to fp8 in forward (rounded onto e4m3's grid, saturating at
+    448): the executor rounds as PyTorch does, so the check is tight."""
+
+    def forward(self, x):
+        q = (x * 100).to(torch.float8_e4m3fn)
+        return q.float() * 0.01
+
+
+def test_a_conversion_to_fp8_rounds_onto_its_grid():
+    x = torch.randn(T, K) * 3
+    rep = analyze(Fp8Activations(), (x,), arch="h100-sxm", validate=True)
+    assert not rep.unsupported and rep.validation["status"] == "passed", rep.validation
+
+
+def _torchao(config):
+    torchao = pytest.importorskip("torchao.quantization")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = nn.Sequential(nn.Linear(K, N, bias=False))
+        torchao.quantize_(m, getattr(torchao, config)())
+    return m
+
+
+def test_torchao_int8_weight_only():
+    m = _torchao("Int8WeightOnlyConfig")
+    rep = analyze(m, (torch.randn(T, K),), arch="h100-sxm", validate=True)
+    # int8 weights (1 B each) and one fp32 scale per output row
+    _check(rep, T * K * N, N * K + N * 4 + T * K * 4 + T * N * 4, "vector_fp32")
+
+
+def test_torchao_int8_dynamic_activations_int8_weights_on_the_int8_pipe():
+    m = _torchao("Int8DynamicActivationInt8WeightConfig")
+    rep = analyze(m, (torch.randn(T, K),), arch="h100-sxm", validate=True)
+    # the activations are quantized on chip (per-token scales), the int8 x int8 product
+    # accumulates in int32 on the int8 tensor cores
+    _check(rep, T * K * N, N * K + N * 4 + T * K * 4 + T * N * 4, "tensor_int8")
+
+
+def test_jax_products_on_int8_and_fp8_operands():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    r = np.random.default_rng(0)
+    x8 = jnp.asarray(r.integers(-128, 127, (T, K)), jnp.int8)
+    w8 = jnp.asarray(r.integers(-128, 127, (K, N)), jnp.int8)
+
+    def int8(x, w):
+        return jax.lax.dot_general(x, w, (((1,), (0,)), ((), ())),
+                                   preferred_element_type=jnp.int32)
+    rep = analyze(int8, (x8, w8), arch="h100-sxm", validate=True)
+    _check(rep, T * K * N, T * K + K * N + T * N * 4, "tensor_int8")
+
+    def fp8(x, w):
+        return jnp.dot(x.astype(jnp.float8_e4m3fn), w, preferred_element_type=jnp.float32)
+    wf8 = jnp.asarray(r.normal(size=(K, N)), jnp.float8_e4m3fn)
+    rep = analyze(fp8, (jnp.asarray(r.normal(size=(T, K)), jnp.float32), wf8),
+                  arch="h100-sxm", validate=True)
+    _check(rep, T * K * N, T * K * 4 + K * N + T * N * 4, "tensor_fp8")
+
+
+def test_torchao_int8_product_built_on_meta_is_the_out_dtype_operator(tmp_path, monkeypatch):
+    """A factory is built on the meta device, where torchao writes its int8 product as the
+    ``out_dtype`` higher-order operator; on the CPU it calls ``_int_mm`` and then converts.
+    Both count the same product; validation runs the CPU trace and says how they differ."""
+    pytest.importorskip("torchao.quantization")
+    (tmp_path / "q8.py").write_text(
+        "import torch, torch.nn as nn\n"
+        "from torchao.quantization import quantize_, Int8DynamicActivationInt8WeightConfig\n"
+        f"def make():\n    m = nn.Sequential(nn.Linear({K}, {N}, bias=False))\n"
+        "    quantize_(m, Int8DynamicActivationInt8WeightConfig())\n"
+        f"    return m, (torch.randn({T}, {K}),)\n")
+    monkeypatch.chdir(tmp_path)
+    from solbound.api import analyze_source
+    rep = analyze_source("q8:make", arch="h100-sxm", validate=True)
+    assert "out_dtype" in {k.opname for k in rep.lowered.program.kernels}
+    _check(rep, T * K * N, N * K + N * 4 + T * K * 4 + T * N * 4, "tensor_int8")
+    assert rep.validation["retraced_casts"] == 1
