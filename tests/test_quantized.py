@@ -149,3 +149,24 @@ def test_torchao_int8_product_built_on_meta_is_the_out_dtype_operator(tmp_path, 
     assert "out_dtype" in {k.opname for k in rep.lowered.program.kernels}
     _check(rep, T * K * N, N * K + N * 4 + T * K * 4 + T * N * 4, "tensor_int8")
     assert rep.validation["retraced_casts"] == 1
+
+
+def test_stored_width_opportunity_from_the_programs_own_weights():
+    """A bf16 decode MLP is bound by reading its weights: the report says what int8 and
+    int4 weight-only storage would make its fused bound, from its own weight tensors."""
+    m = nn.Sequential(nn.Linear(K, 4 * K, bias=False, dtype=torch.bfloat16), nn.SiLU(),
+                      nn.Linear(4 * K, K, bias=False, dtype=torch.bfloat16))
+    rep = analyze(m, (torch.randn(1, K, dtype=torch.bfloat16),), arch="h100-sxm,b200")
+    opp = {(o["arch"], o["scheme"]): o for o in rep.opportunities if o["kind"] == "stored-width"}
+    weights = 2 * K * 4 * K
+    io = 2 * K * 2                              # the token in and out, bf16
+    assert rep.counts.fused.bytes == weights * 2 + io
+    int8 = weights + (4 * K + K) * 4           # one fp32 scale per output row
+    int4 = weights // 2 + 2 * (K * 4 * K // 128) * 4   # bf16 scale and zero per 128
+    for arch in ("h100-sxm", "b200"):
+        bw = rep.bound(arch, "fused").bandwidth
+        for scheme, stored in (("int8 weight-only", int8), ("int4 weight-only", int4)):
+            o = opp[(arch, scheme)]
+            assert o["weight_bytes_before"] == weights * 2 and o["weight_bytes_after"] == stored
+            assert o["fused_bytes_after"] == stored + io
+            assert o["seconds_after"] == pytest.approx((stored + io) / bw, rel=1e-12)

@@ -174,6 +174,32 @@ for _dt in (torch.uint8, torch.int8, torch.int32):
          [((3, 5), (5,)), ((2, 4, 3), (4, 1))],
          make=lambda sh, _dt=_dt: torch.randint(-128 if _dt.is_signed else 0,
                                                 128 if _dt.is_signed else 256, sh, dtype=_dt))
+# quantized products: fp8 x fp8 scaled per tensor and per row (with a bias); int8
+# weights with one scale per output, the product in the activations' dtype
+def _fp8(sh):
+    return (torch.randn(*sh) * 4).to(torch.float8_e4m3fn)
+
+
+case("scaled_mm-tensorwise",
+     lambda s, a, b: torch._scaled_mm(a, b.t(), torch.tensor(0.5), torch.tensor(2.0),
+                                      out_dtype=torch.float32),
+     [((5, 16), (8, 16)), ((16, 32), (16, 32))], make=_fp8)
+case("scaled_mm-rowwise",
+     lambda s, a, b: torch._scaled_mm(a, b.t(), s.sa, s.sb, bias=s.bias,
+                                      out_dtype=torch.float32),
+     [((4, 16), (8, 16))], {"sa": torch.rand(4, 1) + 0.5, "sb": torch.rand(1, 8) + 0.5,
+                            "bias": torch.randn(8)}, make=_fp8)
+def _out_dtype_mm(s, a, b):
+    from torch._higher_order_ops.out_dtype import out_dtype
+    return out_dtype(torch.ops.aten.mm.default, torch.int32, a, b).float()
+
+
+case("out_dtype-mm", _out_dtype_mm, [((4, 16), (16, 8)), ((1, 32), (32, 3))],
+     make=lambda sh: torch.randint(-128, 127, sh, dtype=torch.int8))
+case("weight_int8pack_mm",
+     lambda s, x: torch._weight_int8pack_mm(x, s.w, s.sc),
+     [((3, 16),), ((1, 16),)], {"w": torch.randint(-128, 127, (8, 16), dtype=torch.int8),
+                                "sc": torch.rand(8)})
 case("embedding", lambda s, i: s.e(i), [((2, 3),), ((5,),)], {"e": nn.Embedding(11, 4)}, make=ints(11))
 case("gather", lambda s, x: torch.gather(x, 1, (x.abs() * 3).long().clamp(max=x.shape[1] - 1)),
      [((3, 5),), ((2, 7, 3),)])

@@ -15,6 +15,10 @@ index sets ``I`` and ``J`` costs ``prod(extents of I | J)`` MACs.
 **Precision.** The fused bound if every fp32 contraction ran on TF32 tensor cores, or
 on bf16 tensor cores (the operands rounded to bf16).
 
+**Stored width.** The fused bound if the program's own contraction weights were stored as
+int8 or int4 (weight-only: scales included, dequantized on chip, the products unchanged):
+a decode step that reads its weights once is bound by their bytes.
+
 >>> pairwise_macs("ij,jk,kl->il", {"i": 8, "j": 64, "k": 64, "l": 8}, [(0, 1), (0, 1)])
 36864
 >>> pairwise_macs("ij,jk,kl->il", {"i": 8, "j": 64, "k": 64, "l": 8}, [(1, 2), (0, 1)])
@@ -384,7 +388,7 @@ def opportunities(report) -> list[dict]:
     for o in reorder_opportunities(report):
         o["fused_seconds_after"] = with_reorder(report, o)
         out.append(o)
-    return out + precision_opportunities(report)
+    return out + precision_opportunities(report) + stored_width_opportunities(report)
 
 
 def precision_opportunities(report) -> list[dict]:
@@ -406,5 +410,61 @@ def precision_opportunities(report) -> list[dict]:
     return out
 
 
+# weight-only schemes: bytes per weight element, and the bytes of the scales a weight of
+# shape (rows, cols) carries (int8: one fp32 scale per output row; int4: a bf16 scale and a
+# bf16 zero point per group of 128 consecutive inputs, the AWQ/GPTQ/torchao layout)
+WEIGHT_SCHEMES = {
+    "int8 weight-only": (1.0, lambda shape, n: shape[0] * 4),
+    "int4 weight-only": (0.5, lambda shape, n: -(-n // 128) * 4),
+}
+
+
+def quantizable_weights(report) -> dict[str, object]:
+    """The weights a weight-only scheme would store narrower: parameters and buffers of
+    two or more dimensions, wider than a byte, read as an operand of a contraction."""
+    g = report.graph
+    if g is None:
+        return {}
+    tensors = g.program.tensor_map
+    out = {}
+    for node in g.nodes:
+        if node.kind != "contraction":
+            continue
+        for acc in node.operands:
+            d = tensors[acc.tensor]
+            if d.role in ("parameter", "buffer") and len(d.shape) >= 2 and d.itemsize > 1:
+                out[d.name] = d
+    return out
+
+
+def stored_width_opportunities(report) -> list[dict]:
+    """Per chip and weight-only scheme: the fused bound with the program's own contraction
+    weights stored at that width (plus their scales) and dequantized on chip, the products
+    still in the activations' dtype (so compute is unchanged): what a decode step bound by
+    reading its weights gains from int8 or int4 storage."""
+    weights = quantizable_weights(report)
+    if not weights:
+        return []
+    now_bytes = sum(d.nbytes for d in weights.values())
+    out = []
+    for spec in report.specs:
+        fused = report.bound(spec.id, "fused")
+        for scheme, (per, scales) in WEIGHT_SCHEMES.items():
+            new = sum(math.ceil(d.numel * per) + scales(d.shape, d.numel)
+                      for d in weights.values())
+            if new >= now_bytes:
+                continue
+            nbytes = fused.bytes - now_bytes + new
+            after = max(fused.compute_seconds, nbytes / spec.bandwidth)
+            if after < fused.seconds * (1 - 1e-9):
+                out.append({"kind": "stored-width", "arch": spec.id, "scheme": scheme,
+                            "weights": len(weights), "weight_bytes_before": now_bytes,
+                            "weight_bytes_after": new, "fused_bytes_after": nbytes,
+                            "seconds_before": fused.seconds, "seconds_after": after,
+                            "saving": fused.seconds / after})
+    return out
+
+
 __all__ = ["opportunities", "reorder_opportunities", "precision_opportunities",
-           "pairwise_macs", "with_reorder"]
+           "stored_width_opportunities", "quantizable_weights", "pairwise_macs",
+           "with_reorder"]

@@ -26,7 +26,8 @@ DEFAULT_POLICY = {
 CLASSES = ("matmul", "conv", "attention")
 MATRIX_PIPE = {"f16": "tensor_fp16", "bf16": "tensor_bf16", "f64": "tensor_fp64",
                "i8": "tensor_int8", "u8": "tensor_int8", "f8e4m3": "tensor_fp8",
-               "f8e5m2": "tensor_fp8", "f8e4m3fnuz": "tensor_fp8", "f8e5m2fnuz": "tensor_fp8"}
+               "f8e5m2": "tensor_fp8", "f8e4m3fnuz": "tensor_fp8", "f8e5m2fnuz": "tensor_fp8",
+               "f4e2m1x2": "tensor_fp4"}
 VECTOR_PIPE = {"f64": "vector_fp64", "f16": "vector_fp16", "bf16": "vector_bf16"}
 # pipes to try, in order, when a chip lacks one (each substitution is reported)
 FALLBACK = {
@@ -37,6 +38,7 @@ FALLBACK = {
     "tensor_tf32": ["vector_fp32", "tensor_bf16"],
     "vector_fp32": ["tensor_tf32", "tensor_bf16"],
     "tensor_fp8": ["tensor_fp16", "tensor_bf16"],
+    "tensor_fp4": ["tensor_fp8", "tensor_fp16", "tensor_bf16"],
     "tensor_int8": ["tensor_fp16", "tensor_bf16"],
     "tensor_fp16": ["tensor_bf16"],
     "tensor_bf16": ["tensor_fp16"],

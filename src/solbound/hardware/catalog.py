@@ -35,7 +35,7 @@ SECTION_KEYS = {"dram": {"bandwidth", "capacity"},
                 "compute": {"sm_count", "clock"},
                 "peaks": {"vector_fp64", "vector_fp32", "vector_fp16", "vector_bf16",
                           "tensor_fp64", "tensor_tf32", "tensor_fp16", "tensor_bf16",
-                          "tensor_fp8", "tensor_int8", "sfu"}}
+                          "tensor_fp8", "tensor_fp4", "tensor_int8", "sfu"}}
 # min/median/max: the spread of a measured value over its trials (``solbound calibrate``)
 ENTRY_KEYS = {"value", "unit", "source", "uncertain", "note", "min", "median", "max"}
 UNIT_NAMES = {"tensor", "vector", "fp64", "sfu"}

@@ -422,6 +422,12 @@ class Report:
             console.print(f"[cyan]opportunity[/cyan]: fp32 contractions on "
                           f"{o['fp32_contractions_on']} tensor cores: {o['arch']} fused bound "
                           f"{_t(o['seconds_before'])} -> {_t(o['seconds_after'])}")
+        for o in self.opportunities:
+            if o["kind"] == "stored-width" and o["arch"] == self.specs[0].id:
+                console.print(f"[cyan]opportunity[/cyan]: {o['scheme']} ({o['weights']} weight "
+                              f"tensors, {o['weight_bytes_before']:,} -> "
+                              f"{o['weight_bytes_after']:,} B): {o['arch']} fused bound "
+                              f"{_t(o['seconds_before'])} -> {_t(o['seconds_after'])}")
         if self.unsupported:
             console.print(f"[red]{len(self.unsupported)} unsupported operator(s); their work is "
                           f"NOT counted:[/red]")

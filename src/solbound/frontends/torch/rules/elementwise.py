@@ -124,8 +124,7 @@ for _name, _op in (("logical_and", "and"), ("logical_or", "or"), ("logical_xor",
 # shifts of integer tensors (unpacking packed 4-bit weights: ``(q >> 4) & 0xF``): one vector
 # op each, as any integer arithmetic
 for _name, _op in (("__rshift__", "shr"), ("bitwise_right_shift", "shr"),
-                   ("__lshift__", "shl"), ("bitwise_left_shift", "shl"),
-                   ("__and__", "and"), ("__or__", "or"), ("__xor__", "xor")):
+                   ("__lshift__", "shl"), ("bitwise_left_shift", "shl")):
     _ew(f"aten.{_name}", arity=2)(lambda ctx, a, b, _op=_op: f(_op, a, b))
 
 

@@ -63,6 +63,52 @@ def out_dtype(ctx: OpCtx) -> None:
     ctx.bind(out)
 
 
+@rule("aten._scaled_mm")
+def scaled_mm(ctx: OpCtx) -> None:
+    """``_scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype)``: an fp8 (or
+    int8) product on the tensor cores of its operands' dtype, accumulated in fp32, then
+    scaled: per tensor (0-d scales) or per row of ``a`` and column of ``b`` ([M, 1] and
+    [1, N]), plus an optional bias, written at ``out_dtype``."""
+    from ..lower import LoweringError
+    a, b, sa, sb = ctx.args[:4]
+    bias = ctx.args[4] if len(ctx.args) > 4 else ctx.kwargs.get("bias")
+    result = ctx.args[5] if len(ctx.args) > 5 else ctx.kwargs.get("scale_result")
+    out = ctx.output()
+    m, n = out.shape
+    for name, s_, ok in (("scale_a", sa, ((), (1,), (m, 1))), ("scale_b", sb, ((), (1,), (1, n)))):
+        if isinstance(s_, View) and tuple(s_.shape) not in ok:
+            raise LoweringError(f"_scaled_mm {name} of shape {tuple(s_.shape)}: tensor-wise "
+                                f"and row-wise scales are lowered, not block-wise ones")
+    acc = ctx.new_tensor(out.shape, "f32", ctx.node.name + "_acc")
+    _matmul(ctx, a, b, acc, 0)
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(2)
+    e = kb.load(acc, idx)
+    for s_ in (sa, sb, result):
+        if isinstance(s_, View):
+            e = mul(e, kb.load(s_, bcast_index(s_, out.shape, idx)))
+    if isinstance(bias, View):
+        e = add(e, kb.load(bias, bcast_index(bias, out.shape, idx)))
+    ctx.emit(kb, out, idx, e)
+    ctx.bind(out)
+
+
+@rule("aten._weight_int8pack_mm")
+def weight_int8pack_mm(ctx: OpCtx) -> None:
+    """``_weight_int8pack_mm(x, w, scales)``: int8 weights [N, K] with one scale per output,
+    dequantized on chip; the product runs in the activations' dtype (weight-only
+    quantization: the tensor cores of ``x``'s dtype), then each column is scaled."""
+    x, w, scales = ctx.args[:3]
+    out = ctx.output()
+    wt = View(w.base, w.meta.transpose(0, 1), w.base_shape)
+    acc = ctx.new_tensor(out.shape, out.dtype, ctx.node.name + "_acc")
+    _matmul(ctx, x, wt, acc, x.ndim - 2)
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(len(out.shape))
+    ctx.emit(kb, out, idx, mul(kb.load(acc, idx), kb.load(scales, bcast_index(scales, out.shape, idx))))
+    ctx.bind(out)
+
+
 @rule("aten.addmm", "aten.baddbmm")
 def addmm(ctx: OpCtx) -> None:
     bias, a, b = ctx.args[:3]
