@@ -87,13 +87,21 @@ def test_a_conversion_to_fp8_rounds_onto_its_grid():
     assert not rep.unsupported and rep.validation["status"] == "passed", rep.validation
 
 
-def _torchao(config):
+def _torchao(config, dtype=torch.float32):
     torchao = pytest.importorskip("torchao.quantization")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m = nn.Sequential(nn.Linear(K, N, bias=False))
+        m = nn.Sequential(nn.Linear(K, N, bias=False, dtype=dtype))
         torchao.quantize_(m, getattr(torchao, config)())
     return m
+
+
+def test_torchao_fp8_weight_only():
+    m = _torchao("Float8WeightOnlyConfig", torch.bfloat16)
+    rep = analyze(m, (torch.randn(T, K, dtype=torch.bfloat16),), arch="h100-sxm",
+                  validate=True)
+    # e4m3 weights with one fp32 scale per output row, dequantized to bf16 on chip
+    _check(rep, T * K * N, N * K + N * 4 + T * K * 2 + T * N * 2, "tensor_bf16")
 
 
 def test_torchao_int8_weight_only():
@@ -170,3 +178,56 @@ def test_stored_width_opportunity_from_the_programs_own_weights():
             assert o["weight_bytes_before"] == weights * 2 and o["weight_bytes_after"] == stored
             assert o["fused_bytes_after"] == stored + io
             assert o["seconds_after"] == pytest.approx((stored + io) / bw, rel=1e-12)
+
+
+def test_a_transformers_model_quantized_through_torchaoconfig(tmp_path):
+    """transformers' own route: a (random, saved locally) Llama loaded with
+    ``quantization_config=TorchAoConfig(Int8WeightOnlyConfig())``, called with its
+    defaults (its KV cache returned). The linears' weights are read as int8 with one fp32
+    scale per output row; transformers keeps ``lm_head`` unquantized."""
+    pytest.importorskip("torchao.quantization")
+    from torchao.quantization import Int8WeightOnlyConfig
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, TorchAoConfig
+    h, f, v, t, kv = 64, 128, 128, 16, 32          # width, FFN, vocab, tokens, kv width
+    cfg = LlamaConfig(hidden_size=h, intermediate_size=f, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=v,
+                      max_position_embeddings=64)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = AutoModelForCausalLM.from_pretrained(
+            tmp_path, quantization_config=TorchAoConfig(Int8WeightOnlyConfig()),
+            dtype=torch.float32)
+    rep = analyze(m, (torch.randint(0, v, (1, t)),), arch="h100-sxm", validate=True)
+    # per layer: q, k, v, o, gate, up, down as (in, out)
+    linears = [(h, h), (h, kv), (h, kv), (h, h), (h, f), (h, f), (f, h)]
+    per_layer = sum(i * o + o * 4 for i, o in linears)        # int8 weights, fp32 scales
+    fused = (2 * per_layer + 5 * h * 4           # 2 layers; 5 RMSNorm weights
+             + v * h * 4                         # lm_head, fp32
+             + t * h * 4 + t * 8                 # the 16 embedding rows read, the ids
+             + t * v * 4 + 2 * 2 * t * kv * 4    # logits; keys and values returned (cache)
+             + (16 // 2) * 4)                    # RoPE inverse frequencies
+    # the linears, lm_head, causal attention (4 heads of 16: scores and values over the
+    # t(t+1)/2 pairs), and each RMSNorm's sum of squares
+    macs = (2 * t * sum(i * o for i, o in linears) + t * h * v
+            + 2 * 4 * (t * (t + 1) // 2) * 16 * 2 + 5 * t * h)
+    _check(rep, macs, fused, "vector_fp32")
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_optimum_quanto_weights(bits):
+    """optimum-quanto's frozen weights: its own operators (``quanto::qbytes_mm``,
+    ``quanto::unpack``) are traced through their reference implementations; int8 weights
+    with one fp32 scale per output row, or 4-bit weights two per byte with an fp32 scale and
+    shift per group of 128."""
+    quanto = pytest.importorskip("optimum.quanto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = nn.Sequential(nn.Linear(K, N, bias=False))
+        quanto.quantize(m, weights=quanto.qint8 if bits == 8 else quanto.qint4)
+        quanto.freeze(m)
+        rep = analyze(m, (torch.randn(T, K),), arch="h100-sxm", validate=True)
+    io = T * K * 4 + T * N * 4
+    stored = N * K + N * 4 if bits == 8 else N * K // 2 + 2 * (N * K // 128) * 4
+    _check(rep, T * K * N, stored + io, "vector_fp32")

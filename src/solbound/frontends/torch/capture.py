@@ -488,6 +488,7 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
     strict = False          # non-strict first; strict (TorchDynamo) when that fails
     registered: set[str] = set()
     first_failure = None
+    frozen: list = []
     while True:
         state.restore()             # every attempt starts from the model's state
         try:
@@ -508,8 +509,16 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                 continue
             with warnings.catch_warnings(), _fast_recurrent_shapes(), _quiet_torch_logs():
                 warnings.simplefilter("ignore")
-                ep = (decompose(ep) if decompose is not None
-                      else ep.run_decompositions(_decomp_table()))
+                if decompose is not None:
+                    ep = decompose(ep)
+                else:
+                    table = _decomp_table()
+                    done = ep.run_decompositions(dict(table))
+                    extra = _custom_ops_with_reference(done)
+                    if extra:       # a second pass over the decomposed program
+                        table.update(extra)
+                        done = done.run_decompositions(table)
+                    ep = done
             for mod in model.modules():     # traced values must not stay in held objects
                 _rebind(mod)
             ep.solbound_notes = list(experts.notes)
@@ -528,6 +537,15 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
             if not lifted and "mutated" in str(e) and _lift_tensor_attributes(model):
                 lifted = True
                 continue   # a plain tensor attribute updated in forward: now a buffer
+            if "can require gradients" in str(e) and not frozen:
+                # a quantized tensor-subclass parameter (optimum-quanto's frozen weights)
+                # that export unwraps into integer tensors, which cannot require gradients:
+                # the forward does not need them to
+                frozen = [p for p in model.parameters() if p.requires_grad]
+                for p in frozen:
+                    p.requires_grad_(False)
+                if frozen:
+                    continue
             unknown = _UNKNOWN_OUTPUT.search(str(e))
             if unknown and unknown.group(1) not in registered:
                 registered.add(unknown.group(1))
@@ -690,6 +708,26 @@ def _decomp_table():
         _TABLE.update(key=key, table=dict(table.items()))
     _cache_cia_ops()
     return dict(_TABLE["table"])
+
+
+def _custom_ops_with_reference(ep) -> dict:
+    """Operators of other libraries left in a decomposed program that solbound has no rule
+    for but that carry a reference implementation in PyTorch's dispatcher (a
+    ``CompositeExplicitAutograd`` kernel: ``torch.library.impl(..., "default")``, as
+    optimum-quanto's ``qbytes_mm`` and ``unpack``): decomposing them into that
+    implementation traces their arithmetic, which the rules then lower."""
+    import torch
+    from .lower import find_rule
+    out = {}
+    for n in ep.graph.nodes:
+        op = n.target
+        if (n.op != "call_function" or not isinstance(op, torch._ops.OpOverload)
+                or op.namespace in ("aten", "prims") or op in out or find_rule(op)):
+            continue
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeExplicitAutograd"):
+            out[op] = (lambda op: lambda *a, **k: op._op_dk(
+                torch._C.DispatchKey.CompositeExplicitAutograd, *a, **k))(op)
+    return out
 
 
 def _cia_key() -> tuple:

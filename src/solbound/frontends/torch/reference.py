@@ -265,7 +265,13 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
 
 def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
     p = lowered.program
-    model_copy = copy.deepcopy(model)     # the state before the call (the call updates buffers)
+    try:
+        model_copy = copy.deepcopy(model)     # the state before the call (it updates buffers)
+    except RuntimeError:
+        # a tensor subclass that cannot be copied (optimum-quanto's weights): the float64
+        # re-check and the first-divergence search run on the model itself, which then
+        # holds the state after the call (the same, for a program that updates none)
+        model_copy = model
     hook = None
     if lowered.random_draws:
         if ep is None:
