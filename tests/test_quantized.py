@@ -231,25 +231,3 @@ def test_optimum_quanto_weights(bits):
     io = T * K * 4 + T * N * 4
     stored = N * K + N * 4 if bits == 8 else N * K // 2 + 2 * (N * K // 128) * 4
     _check(rep, T * K * N, stored + io, "vector_fp32")
-
-
-class Int4PackLinear(nn.Module):
-    """PyTorch's own CPU int4 weight-only product (what torchao's CPU int4 layout calls):
-    weights packed by ``_convert_weight_to_int4pack_for_cpu``, bf16-free here."""
-
-    def __init__(self, g=64):
-        super().__init__()
-        torch.manual_seed(0)
-        w = torch.randint(0, 16, (N, K), dtype=torch.int32)
-        self.register_buffer("p", torch.ops.aten._convert_weight_to_int4pack_for_cpu(w, 1))
-        self.register_buffer("sz", torch.rand(K // g, N, 2) * 0.1)
-        self.g = g
-
-    def forward(self, x):
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.p, self.g, self.sz)
-
-
-def test_int4pack_weights_are_half_a_byte_each():
-    rep = analyze(Int4PackLinear(), (torch.randn(T, K),), arch="h100-sxm", validate=True)
-    _check(rep, T * K * N, N * K // 2 + (K // 64) * N * 2 * 4 + T * K * 4 + T * N * 4,
-           "vector_fp32")

@@ -200,17 +200,6 @@ case("weight_int8pack_mm",
      lambda s, x: torch._weight_int8pack_mm(x, s.w, s.sc),
      [((3, 16),), ((1, 16),)], {"w": torch.randint(-128, 127, (8, 16), dtype=torch.int8),
                                 "sc": torch.rand(8)})
-def _int4pack(n, k, g):
-    torch.manual_seed(n + k)
-    w = torch.randint(0, 16, (n, k), dtype=torch.int32)
-    return {"p": torch.ops.aten._convert_weight_to_int4pack_for_cpu(w, 1),
-            "sz": torch.rand(k // g, n, 2) * 0.1}
-
-
-for _n, _k, _g in ((16, 64, 32), (32, 128, 64)):
-    case(f"weight_int4pack_mm_for_cpu-{_n}x{_k}g{_g}",
-         lambda s, x, g=_g: torch.ops.aten._weight_int4pack_mm_for_cpu(x, s.p, g, s.sz),
-         [((3, _k),), ((1, _k),)], _int4pack(_n, _k, _g))
 case("embedding", lambda s, i: s.e(i), [((2, 3),), ((5,),)], {"e": nn.Embedding(11, 4)}, make=ints(11))
 case("gather", lambda s, x: torch.gather(x, 1, (x.abs() * 3).long().clamp(max=x.shape[1] - 1)),
      [((3, 5),), ((2, 7, 3),)])

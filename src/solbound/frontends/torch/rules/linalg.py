@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ....ir.affine import Aff, Atom
 from ..lower import OpCtx, View, rule
-from ._util import C, add, bcast_index, dims_vars, f, mul, sub
+from ._util import C, add, bcast_index, dims_vars, mul
 
 
 def _matmul(ctx: OpCtx, a: View, b: View, out: View, batch: int) -> None:
@@ -106,40 +106,6 @@ def weight_int8pack_mm(ctx: OpCtx) -> None:
     kb = ctx.builder(out.shape)
     idx = dims_vars(len(out.shape))
     ctx.emit(kb, out, idx, mul(kb.load(acc, idx), kb.load(scales, bcast_index(scales, out.shape, idx))))
-    ctx.bind(out)
-
-
-@rule("aten._weight_int4pack_mm_for_cpu")
-def weight_int4pack_mm_cpu(ctx: OpCtx) -> None:
-    """``_weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)``: 4-bit weights
-    in the CPU layout of ``_convert_weight_to_int4pack_for_cpu`` (two per byte: weight
-    ``(n, k)`` is nibble ``n % 2`` of byte ``2N*(k//4) + (N/2)*(k%4) + n//2``), dequantized
-    per group of ``group`` inputs as ``(w - 8) * scale + zero`` (``scales_and_zeros``:
-    ``[K/group, N, 2]``), then multiplied in the activations' dtype. The dequantization is
-    a map kernel of the same operator (on chip in the fused bound); the packed bytes are
-    read at their stored size."""
-    from ....ir.model import Idx
-    from ..lower import LoweringError
-    x, packed, group, sz = ctx.args[:4]
-    out = ctx.output()
-    m_shape, k = x.shape[:-1], x.shape[-1]
-    n = out.shape[-1]
-    if n % 2 or k % group or group % 4:
-        raise LoweringError(f"_weight_int4pack_mm_for_cpu with N={n}, K={k}, group {group}")
-    w = ctx.new_tensor((n, k), x.dtype, ctx.node.name + "_w")
-    flat = View(packed.base, packed.meta.reshape(-1), packed.base_shape)
-    kb = ctx.builder((n // 2, 2, k // group, group // 4, 4))
-    n2, n1, kg, kq, k1 = dims_vars(5)
-    k4 = kg * (group // 4) + kq
-    byte = kb.load(flat, [k4 * (2 * n) + k1 * (n // 2) + n2])
-    nib = f("and", f("shr", byte, Idx(n1 * 4)), C(15))
-    nn_ = n2 * 2 + n1
-    scale = kb.load(sz, [kg, nn_, Aff.lit(0)])
-    zero = kb.load(sz, [kg, nn_, Aff.lit(1)])
-    deq = add(mul(sub(f(f"to_{x.dtype}", nib), C(8.0)), scale), zero)
-    ctx.emit(kb, w, [nn_, kg * group + kq * 4 + k1], deq)
-    wt = View(w.base, w.meta.transpose(0, 1), w.base_shape)
-    _matmul(ctx, x, wt, out, len(m_shape) - 1)
     ctx.bind(out)
 
 
