@@ -13,7 +13,9 @@ from solbound import zoo
 
 SAMPLE = ["bitnet", "biogpt", "bloom", "cohere", "ctrl", "falcon_mamba", "gemma2", "gemma3_text",
           "glm4_moe", "gpt_bigcode", "gpt_neox", "gpt_oss", "granitemoe", "helium", "internlm3",
-          "jamba", "qwen3_next"]
+          "jamba", "qwen3_next",
+          # registered for a composite model type: built from the class's own (text) config
+          "qwen3_5", "llama4"]
 
 
 def test_the_shrinker_is_one_rule_over_field_names():

@@ -261,7 +261,10 @@ def _inputs(task: str, cfg, model) -> tuple:
         ch = getattr(vis, "num_channels", 3)
         size = size or IMAGE
         return (torch.randn(1, ch, size, size, generator=g),)
-    ids = torch.randint(0, vocab, (1, TOKENS), generator=g)
+    # a decoder over several parallel codebooks (MusicGen) takes one row of ids per
+    # codebook: input_ids of shape (batch * num_codebooks, tokens)
+    rows = (getattr(text, "num_codebooks", None) or 1) if task == "causal-lm" else 1
+    ids = torch.randint(0, vocab, (rows, TOKENS), generator=g)
     if task == "seq2seq" and "decoder_input_ids" in sig:
         # positionally, as the signature orders them (the arguments between are None)
         names = list(sig)
@@ -287,6 +290,11 @@ def build(model_type: str, task: str = "causal-lm") -> Built:
         raise ShrinkError(f"{cls_name}: registered but not importable from transformers")
     try:
         default = AutoConfig.for_model(model_type)
+        # a class registered for a composite model type (qwen3_5, llama4, musicgen) takes
+        # its own config class (the text or decoder part), as a user constructs it
+        own = getattr(cls, "config_class", None)
+        if isinstance(own, type) and not isinstance(default, own):
+            default = own()
     except Exception as e:  # noqa: BLE001
         raise ShrinkError(f"{model_type}: the default config does not construct: "
                           f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
