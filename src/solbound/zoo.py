@@ -199,6 +199,16 @@ def shrink_config(cfg) -> tuple[Any, dict]:
                   if k not in derived and k not in subs
                   and k not in ("transformers_version", "model_type", "architectures")}
         kwargs.update({k: new for k, (_, new) in over.items()})
+        # transformers' documented meanings of two fields some default configs leave None
+        # while their model reads them as numbers (HunYuan, Ministral, Nemotron): key/value
+        # heads default to the query heads, a head's size to hidden size over heads
+        h, q = kwargs.get("hidden_size"), kwargs.get("num_attention_heads")
+        if "num_key_value_heads" in kwargs and kwargs["num_key_value_heads"] is None and q:
+            kwargs["num_key_value_heads"] = q
+            changed[prefix + "num_key_value_heads"] = (None, q)
+        if "head_dim" in kwargs and kwargs["head_dim"] is None and h and q:
+            kwargs["head_dim"] = h // q
+            changed[prefix + "head_dim"] = (None, h // q)
         # sub-configs as the dicts a checkpoint's config.json would hold
         kwargs.update({k: v.to_dict() for k, v in subs.items()})
         # a config may tie its head size to the others (Mamba-2: heads x head size =
