@@ -17,8 +17,9 @@ def _num(v):
 
 
 def parameter_figure(sweep: Sweep, rows: list[dict], name: str):
-    """The bound (seconds, log) against one parameter: one trace per chip and fidelity; the
-    other parameters vary along each trace's points (hover shows them)."""
+    """The bound (seconds, log) against one parameter: one trace per chip and fidelity,
+    points only (the other parameters vary among the points at one value; hover shows
+    them); lines join the points only when this is the grid's one parameter."""
     import plotly.graph_objects as go
     fig = go.Figure()
     numeric = all(isinstance(v, (int, float)) for v in sweep.grid[name])
@@ -31,7 +32,8 @@ def parameter_figure(sweep: Sweep, rows: list[dict], name: str):
             pts.sort(key=lambda r: (_num(r[name]) if numeric else str(r[name])))
             fig.add_trace(go.Scatter(
                 x=[_num(r[name]) if numeric else str(r[name]) for r in pts],
-                y=[_num(r["seconds"]) for r in pts], mode="markers+lines",
+                y=[_num(r["seconds"]) for r in pts],
+                mode="markers+lines" if len(sweep.names) == 1 else "markers",
                 name=f"{arch} {mode}",
                 text=[", ".join(f"{k}={r[k]}" for k in sweep.names) for r in pts]))
     logx = numeric and all(_num(v) and _num(v) > 0 for v in sweep.grid[name]) and \
