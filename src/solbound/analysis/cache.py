@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 from ..graph.einsum import Graph
 from ..ir.classify import product_factors
 from ..ir.model import DRAM_ROLES, Access, Idx, Program, loop_segments, per_iteration_loops, walk
-from .counts import ProgramCounts
+from .counts import ProgramCounts, union_elements
 from .tiling import Nest, Operand, best_traffic
 
 MAX_SEGMENT = 12
@@ -183,7 +183,7 @@ class ProgramCache:
         ext = {}
         for t, lst in reads.items():
             d = self.tensors[t]
-            ext[t] = (lst, _union_elements(keys[t].values(), d.numel) * d.itemsize)
+            ext[t] = (lst, union_elements(keys[t].values(), d.numel) * d.itemsize)
         writes: dict[str, tuple[str, list]] = {}
         for m in range(i, j + 1):
             for t, n in self._per_kernel[m][3]:
@@ -201,7 +201,7 @@ class ProgramCache:
         out = {}
         for t, (kind, ms, ns) in writes.items():
             d = self.tensors[t]
-            out[t] = (kind, ms, _union_elements(ns, d.numel) * d.itemsize)
+            out[t] = (kind, ms, union_elements(ns, d.numel) * d.itemsize)
         self._segments[(i, j)] = (ext, out)
         return ext, out
 
@@ -486,18 +486,6 @@ def _loop_bodies(g: Graph) -> list[tuple[int, "ProgramCache", list[str]]]:
         bg = build_graph(body)
         out.append((trip, ProgramCache(bg, count_program(bg)), carry_in))
     return out
-
-
-def _union_elements(sizes, numel: int) -> int:
-    """Elements of a tensor that distinct footprints of these sizes touch, as
-    ``counts._union`` counts them: all of it if one covers it, else their sum capped at
-    its size."""
-    total = 0
-    for n in sizes:
-        if n >= numel:
-            return numel
-        total += n
-    return min(numel, total)
 
 
 def nest_key(nest: Nest) -> tuple:

@@ -87,16 +87,27 @@ def _access_key(acc: Access, ext: dict[str, int], guard) -> tuple:
     return (idx, tuple(ext[v] for v in order), atoms, coupled and str(guard))
 
 
+def union_elements(sizes, numel: int) -> int:
+    """Elements of a tensor that distinct footprints of these sizes touch: all of it if
+    one covers it, else their sum capped at its size (exact when they are disjoint)."""
+    total = 0
+    for n in sizes:
+        if n >= numel:
+            return numel
+        total += n
+    return min(numel, total)
+
+
 def _union(fps: list[Footprint], numel: int) -> Footprint:
-    """Union of distinct footprints of one tensor: full if any is full, else the
-    sum capped at the tensor size (exact when the regions are disjoint)."""
+    """Union of distinct footprints of one tensor (:func:`union_elements`), with whether
+    it is exact."""
     if not fps:
         return Footprint(0, True)
     if any(f.elements >= numel for f in fps):
         return Footprint(numel, all(f.exact for f in fps))
     if len(fps) == 1:
         return fps[0]
-    return Footprint(min(numel, sum(f.elements for f in fps)), False,
+    return Footprint(union_elements((f.elements for f in fps), numel), False,
                      "union of partial footprints taken as their sum (exact if disjoint)")
 
 

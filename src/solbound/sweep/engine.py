@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -48,10 +47,8 @@ class Outcome:
 
 def one_line(exc: BaseException) -> str:
     """``Type: first line of the message (file:line)``, the innermost frame."""
-    msg = str(exc).strip().splitlines()
-    tb = traceback.extract_tb(exc.__traceback__)
-    loc = f" ({os.path.basename(tb[-1].filename)}:{tb[-1].lineno})" if tb else ""
-    return f"{type(exc).__name__}: {msg[0] if msg else ''}".rstrip(": ") + loc
+    from ..frontends.loading import oneline, where
+    return f"{oneline(exc)} ({where(exc)})" if exc.__traceback__ else oneline(exc)
 
 
 def _vm_bytes() -> int | None:

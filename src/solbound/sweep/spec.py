@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 KEYS = {"program", "arch", "grid", "modes", "precision_policy", "train", "world_size",
         "timeout", "memory"}
@@ -38,7 +38,11 @@ class Sweep:
     train: bool = False
     timeout: float | None = None            # seconds per point
     memory: float | None = None             # GiB per point
-    names: list[str] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        """The grid's parameters, in the file's order (the first varies slowest)."""
+        return list(self.grid)
 
     def points(self) -> list[dict]:
         """Every combination of the grid's values, the first parameter varying slowest."""
@@ -122,7 +126,7 @@ def parse(data: dict, path: str) -> Sweep:
             raise SweepError(f"{path}: {key!r} must be a positive number "
                              f"({'seconds' if key == 'timeout' else 'GiB'} per point)")
     return Sweep(path, program, folder, archs, grid, modes, policy, train,
-                 data.get("timeout"), data.get("memory"), list(grid))
+                 data.get("timeout"), data.get("memory"))
 
 
 def load(path: str) -> Sweep:

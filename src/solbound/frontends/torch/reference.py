@@ -424,17 +424,14 @@ def _is_cast(k) -> bool:
 
 def _cast_only_difference(a, b) -> int:
     """How many type-conversion kernels one trace has that the other folds into its
-    consumer (0 when the structures are equal or differ otherwise). Library code may
+    consumer, for two traces whose structures differ (0 when they differ otherwise). Library code may
     convert on one device and not on another (torchao's int8 product: ``out_dtype`` on
     meta, ``_int_mm`` then ``to`` on the CPU): the same arithmetic."""
-    sa, sb = _structure(a), _structure(b)
-    if sa == sb:
-        return 0
-    ka = [x for x, k in zip(sa, a.kernels) if not _is_cast(k)]
-    kb = [x for x, k in zip(sb, b.kernels) if not _is_cast(k)]
+    ka = [x for x, k in zip(_structure(a), a.kernels) if not _is_cast(k)]
+    kb = [x for x, k in zip(_structure(b), b.kernels) if not _is_cast(k)]
     if ka != kb:
         return 0
-    return abs(sum(map(_is_cast, a.kernels)) - sum(map(_is_cast, b.kernels))) or 0
+    return abs(sum(map(_is_cast, a.kernels)) - sum(map(_is_cast, b.kernels)))
 
 
 def _structure_difference(a, b) -> str:
@@ -545,16 +542,18 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
         rep.validation = {"status": "inconclusive",
                           "reason": f"re-tracing the model with real tensors failed: {e}"}
         return rep.validation
-    casts = _cast_only_difference(lowered.program, low.program) if reduced is None else 0
-    if reduced is None and not casts and _structure(low.program) != _structure(lowered.program):
-        # the harness could not reproduce the analyzed program: nothing is known about
-        # whether the analyzed IR is right, so this is no failure of the IR
-        rep.validation = {"status": "inconclusive",
-                          "reason": "re-tracing with real tensors gave a different kernel "
-                                    "structure (" + _structure_difference(lowered.program,
-                                                                          low.program)
-                                    + "): the analyzed IR could not be run against the model"}
-        return rep.validation
+    casts = 0
+    if reduced is None and _structure(low.program) != _structure(lowered.program):
+        casts = _cast_only_difference(lowered.program, low.program)
+        if not casts:
+            # the harness could not reproduce the analyzed program: nothing is known about
+            # whether the analyzed IR is right, so this is no failure of the IR
+            rep.validation = {
+                "status": "inconclusive",
+                "reason": "re-tracing with real tensors gave a different kernel structure ("
+                          + _structure_difference(lowered.program, low.program)
+                          + "): the analyzed IR could not be run against the model"}
+            return rep.validation
     try:
         res = validate_lowered(low, ep, model, tuple(inputs), seed=seed)
     except HarnessError as e:
