@@ -232,12 +232,51 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    validate: bool = False, keep_experts_dispatch: bool = False,
                    routing: str | None = None, select_fraction: float | None = None,
                    cache=None, train: bool = False, optimizer=None, reroll: bool = True,
-                   params: dict | None = None, modes=None, **validate_opts) -> Report:
+                   params: dict | None = None, modes=None, world_size: int | None = None,
+                   tp: int | None = None, **validate_opts) -> Report:
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``; a file that
     defines ``example()`` returning ``(function, args)`` (and no ``Model``) is a JAX program.
     ``train``/``optimizer``: the training step (see :func:`analyze`); the file may define
     ``make_optimizer(model)``. ``params``: keyword arguments of the factory, or values of
-    the file's module-level constants (``--param``)."""
+    the file's module-level constants (``--param``).
+
+    ``world_size``: the program is written per rank (``torch.distributed`` collectives,
+    shards sized by ``dist.get_world_size()``); it is built and traced as rank 0 of that
+    many under a fake process group (``frontends/torch/distributed.py``), and the counts and
+    bounds are one rank's, with its collectives' link time. ``tp``: a transformers model
+    sharded by its own tensor-parallel plan over that many ranks
+    (``frontends/torch/parallel.py``)."""
+    world = _world(world_size, tp)
+    if world > 1:
+        from .frontends.torch.distributed import fake_world
+        with fake_world(world):
+            rep = _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatch,
+                                  routing, select_fraction, cache, train, optimizer, reroll,
+                                  params, modes, tp or 1, validate_opts)
+        rep.world_size = world
+        return rep
+    return _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatch,
+                           routing, select_fraction, cache, train, optimizer, reroll, params,
+                           modes, 1, validate_opts)
+
+
+def _world(world_size: int | None, tp: int | None) -> int:
+    from .frontends.contract import FrontendError
+    for name, v in (("--world-size", world_size), ("--tp", tp)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise FrontendError(f"{name} {v!r}: expected a positive integer")
+    if world_size and tp and world_size % tp:
+        raise FrontendError(f"--tp {tp} does not divide --world-size {world_size}")
+    if world_size and tp and world_size != tp:
+        raise FrontendError(f"--world-size {world_size} with --tp {tp}: only tensor "
+                            f"parallelism over the whole world is modelled (--dp/--fsdp are "
+                            f"not yet)")
+    return world_size or tp or 1
+
+
+def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatch, routing,
+                    select_fraction, cache, train, optimizer, reroll, params, modes, tp,
+                    validate_opts) -> Report:
     jax_example = _jax_example(spec, params)
     if jax_example is not None:
         fn, args = jax_example
@@ -248,6 +287,16 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
 
     problem = load_problem(spec, params)
     model, inputs, note = problem.build_for_capture()
+    if tp > 1:
+        from .frontends.contract import FrontendError
+        from .frontends.torch.parallel import ParallelError, tensor_parallel
+        try:
+            model = tensor_parallel(model, tp)
+        except ParallelError as e:
+            raise FrontendError(f"{spec}: {e}") from None
+        if train:
+            raise FrontendError("--tp with --train: transformers' training path shards through "
+                                "DTensor, which solbound cannot trace yet")
     rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec,
                   keep_experts_dispatch=keep_experts_dispatch, routing=routing,
                   select_fraction=select_fraction, cache=cache, train=train,

@@ -36,6 +36,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default=None, metavar="NAME",
                    help="with --train: a torch.optim class (default: the file's "
                         "make_optimizer(model), else AdamW with its defaults)")
+    p.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="the program is written per rank (torch.distributed collectives): "
+                        "trace it as rank 0 of N under a fake process group; counts and "
+                        "bounds are per rank, with the collectives' link time")
+    p.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="shard a transformers model N ways by its own tensor-parallel plan "
+                        "(base_model_tp_plan); per-rank counts and bounds")
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -81,7 +88,8 @@ def cmd_analyze(a) -> int:
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer,
-                         reroll=not getattr(a, "no_reroll", False), **_vopts(a))
+                         reroll=not getattr(a, "no_reroll", False), world_size=a.world_size,
+                         tp=a.tp, **_vopts(a))
     if a.measure:
         from .frontends.torch.capture import load_problem
         from .frontends.torch.timing import MeasureError, measure_problem
@@ -149,7 +157,7 @@ def cmd_ir(a) -> int:
     from .api import analyze_source
     from .ir.text import print_program
     rep = analyze_source(a.program, params=_params(a), arch=None, routing=a.routing,
-                         select_fraction=a.select_fraction)
+                         select_fraction=a.select_fraction, world_size=a.world_size, tp=a.tp)
     text = print_program(rep.program)
     _write(a.output or "-", text)
     if rep.unsupported:
@@ -163,7 +171,8 @@ def cmd_explain(a) -> int:
     from .api import analyze_source
     rep = analyze_source(a.program, params=_params(a), arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction,
-                         train=a.train, optimizer=a.optimizer)
+                         train=a.train, optimizer=a.optimizer, world_size=a.world_size,
+                         tp=a.tp)
     if not a.kernel:
         for k in rep.counts.kernels:
             print(f"{k.name:40s} {k.op:30s} {k.einsum}")
@@ -221,7 +230,8 @@ def cmd_slope(a) -> int:
     from .report.report import dumps
     rep = analyze_source(a.program, params=_params(a), arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction,
-                         train=a.train, optimizer=a.optimizer)
+                         train=a.train, optimizer=a.optimizer, world_size=a.world_size,
+                         tp=a.tp)
     pc = rep.program_cache()
     caps = pc.capacities()
     program = [pc.traffic(c).bytes for c in caps]
@@ -533,10 +543,12 @@ def main(argv: list[str] | None = None) -> int:
     from .ir.text import IRSyntaxError
     from .bounds.fidelity import CacheOptionError
     from .hardware.catalog import SpecError
+    from .bounds.comm import CommError
+    from .frontends.torch.distributed import WorldError
     try:
         return args.fn(args)
     except (FrontendError, UnknownArch, PolicyError, IRSyntaxError, CacheOptionError,
-            SpecError) as e:
+            SpecError, CommError, WorldError) as e:
         return _err(str(e))
     except BrokenPipeError:
         return 0

@@ -285,6 +285,45 @@ class ProgramCounts:
     flops: dict[str, int]
     unfused: Traffic
     fused: Traffic
+    collectives: list["Collective"] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective kernel of a rank's program (``ir/collectives.py``): ``bytes`` is its
+    payload per rank and call, ``calls`` how often it runs (a loop's trip count)."""
+
+    kind: str
+    bytes: int
+    ranks: int
+    calls: int
+    kernel: str
+    op: str          # the framework operator's node (its group)
+    opname: str
+    src: str
+    group: tuple = ()
+    reduce: str = ""
+
+
+def collectives(g: Graph, kcs: list[KernelCounts]) -> list[Collective]:
+    """Every collective of the program, in program order; the operand's size is the
+    elements the kernel reads (a view of a larger tensor moves only itself)."""
+    from ..ir.collectives import is_collective
+    tensors = g.program.tensor_map
+    out = []
+    for n, kc in zip(g.nodes, kcs):
+        k = n.kernel
+        if not (k.lib and is_collective(k.lib[0])):
+            continue
+        p = k.lib_params
+        read = sum(fp.elements for lst in kc.reads.values() for _, fp in lst)
+        wrote = sum(fp.elements for fp in kc.writes.values())
+        nbytes = max(read, wrote) * tensors[k.out].itemsize
+        out.append(Collective(k.lib[0], nbytes, int(p.get("ranks", 1)),
+                              k.loop[1] if k.loop is not None else 1, k.name, k.op,
+                              k.opname, k.src, tuple(p.get("group") or ()),
+                              p.get("op", "") if k.lib[0] in ("all_reduce", "reduce_scatter") else ""))
+    return out
 
 
 def _traffic(kcs: list[KernelCounts], idxs: list[int], tensors, read_filter, write_filter) -> Traffic:
@@ -458,4 +497,5 @@ def count_program(g: Graph) -> ProgramCounts:
                       all(gc.traffic.exact for gc in groups),
                       [n for gc in groups for n in gc.traffic.notes])
     flops = {u: sum(k.flops[u] for k in kcs) for u in (MATRIX, VECTOR, SPECIAL)}
-    return ProgramCounts(kcs, groups, sum(k.macs for k in kcs), flops, unfused, fused)
+    return ProgramCounts(kcs, groups, sum(k.macs for k in kcs), flops, unfused, fused,
+                         collectives(g, kcs))

@@ -135,6 +135,12 @@ class Bound:
     # physical unit -> seconds (the sum over the pipes that run on it); T_compute is the max
     unit_seconds: dict[str, float] = field(default_factory=dict)
     cache_bytes: int | None = None       # the on-chip capacity a cache-aware bound assumes
+    # communication (``bounds/comm.py``): the rank's collectives over its link; ``seconds``
+    # is max(compute, memory, communication), ``no_overlap_seconds`` the time without
+    # overlapping communication (max(compute, memory) + communication)
+    comm_seconds: float = 0.0
+    link_bandwidth: float = 0.0
+    no_overlap_seconds: float | None = None
     explanation: str = ""                # how the fidelity arrived at its bytes
     detail: object = field(default=None, repr=False)
 
@@ -173,6 +179,10 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
     notes: list[str] = []
     t_c, per_pipe, peaks, per_unit = _compute(work, spec, notes)
     total_flops = sum(pc.flops.values())
+    comm = None
+    if pc.collectives:
+        from .comm import comm_time
+        comm = comm_time(pc.collectives, spec)
     out = []
     x = FidelityInput(pc, graph, spec, cache, memo if memo is not None else {})
     for mode, fid in FIDELITIES.items():
@@ -190,11 +200,21 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
                         gw[p] = gw.get(p, 0.0) + n
                 serial += max(_compute(gw, spec, [])[0], g.traffic.bytes / spec.bandwidth)
         t = max(t_c, t_m)
-        out.append(Bound(spec.id, mode, t, t_c, t_m, "compute" if t_c >= t_m else "memory",
-                         traffic.bytes, total_flops,
-                         total_flops / traffic.bytes if traffic.bytes else float("inf"),
-                         per_pipe, peaks, spec.bandwidth, list(notes), serial, per_unit,
-                         traffic.cache_bytes, traffic.explanation, traffic.detail))
+        binding = "compute" if t_c >= t_m else "memory"
+        t_comm = comm.seconds if comm else 0.0
+        if t_comm > t:
+            binding = "communication"
+        b = Bound(spec.id, mode, max(t, t_comm), t_c, t_m, binding,
+                  traffic.bytes, total_flops,
+                  total_flops / traffic.bytes if traffic.bytes else float("inf"),
+                  per_pipe, peaks, spec.bandwidth, list(notes), serial, per_unit,
+                  traffic.cache_bytes, traffic.explanation, traffic.detail)
+        if comm:
+            b.comm_seconds, b.link_bandwidth = t_comm, comm.link_bandwidth
+            b.no_overlap_seconds = t + t_comm
+            if serial is not None:
+                b.serial_seconds = serial + t_comm
+        out.append(b)
     return out
 
 

@@ -29,13 +29,19 @@ class SpecError(ValueError):
 
 
 # the catalog's schema: what a chip file may contain
-TOP_KEYS = {"id", "name", "vendor", "kind", "notes", "dram", "onchip", "compute", "peaks", "units"}
+TOP_KEYS = {"id", "name", "vendor", "kind", "notes", "dram", "onchip", "compute", "peaks", "units",
+            "links"}
 SECTION_KEYS = {"dram": {"bandwidth", "capacity"},
                 "onchip": {"l2", "llc", "smem", "regs", "vmem", "cmem"},
                 "compute": {"sm_count", "clock"},
                 "peaks": {"vector_fp64", "vector_fp32", "vector_fp16", "vector_bf16",
                           "tensor_fp64", "tensor_tf32", "tensor_fp16", "tensor_bf16",
-                          "tensor_fp8", "tensor_fp4", "tensor_int8", "sfu"}}
+                          "tensor_fp8", "tensor_fp4", "tensor_int8", "sfu"},
+                # per GPU: bandwidths are bytes/s in one direction; the domain is how many
+                # GPUs the scale-up fabric joins; in_network_reduction: the switch reduces
+                # (NVLS, SHARP), a boolean
+                "links": {"scale_up", "scale_up_domain", "in_network_reduction", "scale_out"}}
+BOOLEAN_KEYS = {("links", "in_network_reduction")}
 # min/median/max: the spread of a measured value over its trials (``solbound calibrate``)
 ENTRY_KEYS = {"value", "unit", "source", "uncertain", "note", "min", "median", "max"}
 UNIT_NAMES = {"tensor", "vector", "fp64", "sfu"}
@@ -52,6 +58,7 @@ class Spec:
     entries: dict[str, dict] = field(repr=False, default_factory=dict)  # key -> {value, source, ...}
     path: str = ""
     units: dict[str, str] = field(default_factory=dict)   # pipe -> physical unit (overrides)
+    links: dict[str, float] = field(default_factory=dict)  # [links]: see SECTION_KEYS
 
     def peak(self, pipe: str) -> float | None:
         return self.peaks.get(pipe)
@@ -132,7 +139,10 @@ def _check(data: dict, path: str) -> None:
             if extra:
                 raise SpecError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
             v = val["value"]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
+            if (section, key) in BOOLEAN_KEYS:
+                if not isinstance(v, bool):
+                    raise SpecError(f"{where}: value {v!r} is not true or false")
+            elif isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
                     or v == float("inf"):
                 raise SpecError(f"{where}: value {v!r} is not a positive number")
             if not isinstance(val["source"], str) or not val["source"].strip():
@@ -153,7 +163,7 @@ def _check(data: dict, path: str) -> None:
 def _parse(data: dict, path: str) -> Spec:
     _check(data, path)
     entries: dict[str, dict] = {}
-    for section in ("dram", "onchip", "compute", "peaks"):
+    for section in ("dram", "onchip", "compute", "peaks", "links"):
         for key, val in data.get(section, {}).items():
             entries[key if section == "peaks" else f"{section}.{key}"] = val
     units = {}
@@ -170,7 +180,8 @@ def _parse(data: dict, path: str) -> Spec:
         bandwidth=float(bw["value"]),
         peaks={k: float(v["value"]) for k, v in data.get("peaks", {}).items()},
         onchip={k: float(v["value"]) for k, v in data.get("onchip", {}).items()},
-        entries=entries, path=path, units=units)
+        entries=entries, path=path, units=units,
+        links={k: v["value"] for k, v in data.get("links", {}).items()})
 
 
 def spec_from_file(path: str) -> Spec:

@@ -163,8 +163,9 @@ class _KernelExec:
     """Evaluation of one kernel over a (possibly chunked) loop nest."""
 
     def __init__(self, k: Kernel, arrays: dict[str, np.ndarray], decls: dict[str, TensorDecl],
-                 wide: bool):
+                 wide: bool, world=None):
         self.k = k
+        self.world = world
         self.arrays = arrays
         self.decls = decls
         self.wide = wide
@@ -278,8 +279,15 @@ class _KernelExec:
             return
         if k.lib:
             from .library import run_routine
+            from .collectives import is_collective
             names = list(dict.fromkeys(a.tensor for a in accesses(k.body)))
-            res = run_routine(k.lib[0], [self.arrays[t] for t in names], k.lib_params)
+            if is_collective(k.lib[0]):
+                if self.world is None:
+                    raise ExecutionError(f"collective {k.lib[0]} ({k.name}): one rank cannot "
+                                         f"compute it; run the ranks with execute_spmd")
+                res = self.world(k, [self.arrays[t] for t in names])
+            else:
+                res = run_routine(k.lib[0], [self.arrays[t] for t in names], k.lib_params)
             res = np.asarray(res)
             if not np.iscomplexobj(out) and np.iscomplexobj(res):
                 raise ExecutionError(f"library {k.lib[0]} returned complex values for {k.out}")
@@ -486,12 +494,15 @@ def _squeeze(v: np.ndarray, dims: list[str]):
 
 def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
             on_kernel: Callable[[Kernel, dict], None] | None = None,
-            on_iteration: Callable[[tuple, int, dict], None] | None = None
+            on_iteration: Callable[[tuple, int, dict], None] | None = None,
+            world: Callable[[Kernel, list], np.ndarray] | None = None
             ) -> dict[str, np.ndarray]:
     """Run every kernel; returns all tensors (inputs included) by name. ``on_kernel(k,
     arrays)`` runs after each kernel outside a loop and after each loop's body kernels;
     ``on_iteration(loop, it, arrays)`` before iteration ``it`` of a sequential loop and,
-    with ``it`` its trip count, after the last (a validator may read and reset a carry)."""
+    with ``it`` its trip count, after the last (a validator may read and reset a carry).
+    ``world(k, operands)``: the result of collective kernel ``k`` on this rank (see
+    :func:`execute_spmd`)."""
     decls = p.tensor_map
     arrays: dict[str, np.ndarray] = {}
     written = {o for k in p.kernels for o in k.outputs}
@@ -510,7 +521,7 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
             arrays[t.name] = np.zeros(t.shape, dtype=np_dtype(t.dtype, wide))
     def run_one(k: Kernel, shown: Kernel) -> None:
         try:
-            _KernelExec(k, arrays, decls, wide).run()
+            _KernelExec(k, arrays, decls, wide, world).run()
             for o in k.outputs:             # a narrow integer result wraps
                 if decls[o].dtype in INT_WIDTHS:
                     arrays[o][...] = wrap_int(arrays[o], decls[o].dtype)
@@ -537,4 +548,76 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
     return arrays
 
 
-__all__ = ["execute", "ExecutionError", "np_dtype", "Atom", "wrap_int"]
+class _World:
+    """The ranks of an SPMD run meeting at each collective: every rank's thread leaves its
+    operand, waits for the others, computes its own result from all of them, and waits
+    again before the slot is reused."""
+
+    def __init__(self, n: int):
+        import threading
+        self.n = n
+        self.slots: list = [None] * n
+        self.barrier = threading.Barrier(n)
+
+    def member(self, rank: int):
+        from .collectives import run
+
+        def collective(k: Kernel, operands: list) -> np.ndarray:
+            params = k.lib_params
+            group = tuple(params.get("group") or range(self.n))
+            if len(group) != self.n or sorted(group) != list(range(self.n)):
+                raise ExecutionError(f"collective {k.name} runs over ranks {group}: an SPMD "
+                                     f"run of {self.n} ranks executes only collectives over "
+                                     f"all of them")
+            self.slots[rank] = operands[0]
+            self.barrier.wait()
+            res = run(k.lib[0], params, list(self.slots), group.index(rank))
+            self.barrier.wait()
+            return res
+        return collective
+
+
+def execute_spmd(p: Program, inputs: list[dict[str, np.ndarray]], wide: bool = False
+                 ) -> list[dict[str, np.ndarray]]:
+    """Run ``p`` on every rank at once (``inputs[r]``: rank ``r``'s values), each rank a
+    thread, its collectives computed from every rank's operands. Returns each rank's tensors.
+
+    >>> from solbound.ir.text import parse_program
+    >>> prog = parse_program('''
+    ... x = input(f32[2])
+    ... y = output(f32[2])
+    ... @kernel(d0=2, a0_0=2)
+    ... @library(name="all_reduce", ranks=2, group=(0, 1), op="sum")
+    ... def k0():
+    ...     y[d0] = operands(x[a0_0])
+    ... ''')
+    >>> [r["y"].tolist() for r in execute_spmd(prog, [{"x": [1, 2]}, {"x": [10, 20]}])]
+    [[11.0, 22.0], [11.0, 22.0]]
+    """
+    import threading
+    world = _World(len(inputs))
+    results: list = [None] * len(inputs)
+    errors: list = [None] * len(inputs)
+
+    def one(r: int) -> None:
+        try:
+            results[r] = execute(p, inputs[r], wide=wide, world=world.member(r))
+        except BaseException as e:  # noqa: BLE001 - re-raised below, in rank order
+            errors[r] = e
+            world.barrier.abort()         # the others stop waiting at their next collective
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r, e in enumerate(errors):
+        if e is not None and not isinstance(e, threading.BrokenBarrierError):
+            raise e
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+__all__ = ["execute", "execute_spmd", "ExecutionError", "np_dtype", "Atom", "wrap_int"]

@@ -38,6 +38,8 @@ from typing import Callable
 
 import numpy as np
 
+from .collectives import KINDS
+
 MATRIX, VECTOR = "matrix", "vector"
 
 
@@ -268,6 +270,16 @@ ROUTINES: dict[str, Routine] = {
     "histc": Routine(_histc_run, _histc_cost),
     "searchsorted": Routine(_search_run, _search_cost),
 }
+
+
+def _collective_run(a, p):
+    raise RuntimeError("a collective needs the other ranks' operands: run the program with "
+                       "solbound.ir.execute.execute_spmd")
+
+
+# collectives (``ir/collectives.py``): no FLOPs; their cost is link time (``bounds/comm.py``)
+for _kind in KINDS:
+    ROUTINES[_kind] = Routine(_collective_run, lambda shapes, p: {})
 
 
 def routine_cost(name: str, shapes: list[tuple[int, ...]], params: dict) -> dict[str, int]:

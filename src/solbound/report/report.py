@@ -53,6 +53,7 @@ class Report:
     routing: str | None = None        # the routing assumption asked for (None: default)
     select_fraction: float | None = None
     sizes_assumed: bool = False       # a selection was sized by select_fraction
+    world_size: int = 1               # ranks of the program (counts are one rank's)
     # the program timed on this machine (``--measure``): device, per mode median and spread
     measured: dict | None = None
     # what the fidelities computed once for this program (the cache-aware segment model)
@@ -223,6 +224,9 @@ class Report:
                 "explanation": b.explanation,
                 **({"serial_seconds": b.serial_seconds} if b.serial_seconds is not None else {}),
                 **({"cache_bytes": b.cache_bytes} if b.cache_bytes is not None else {}),
+                "comm_seconds": b.comm_seconds, "link_bandwidth": b.link_bandwidth,
+                **({"no_overlap_seconds": b.no_overlap_seconds}
+                   if b.no_overlap_seconds is not None else {}),
                 **({"segments": _segments(b.detail)} if b.detail is not None else {}),
             } for b in self.bounds],
             "opportunities": self.opportunities,
@@ -239,7 +243,18 @@ class Report:
                                "uncertain": s.uncertain(f"onchip.{k}")}
                            for k, v in sorted(s.onchip.items())},
                 "dram_cache": s.dram_cache() if s.onchip else None,
+                "links": {k: {"value": v, "source": s.source(f"links.{k}"),
+                              "uncertain": s.uncertain(f"links.{k}")}
+                          for k, v in sorted(s.links.items())},
             } for s in self.specs],
+            # per rank: what each collective moves (payload per rank and call, ``calls``
+            # times), over a group of ``ranks``; counts above are one rank's
+            "world_size": self.world_size,
+            "collectives": [{
+                "kind": c.kind, "bytes": c.bytes, "ranks": c.ranks, "calls": c.calls,
+                "group": list(c.group), **({"reduce": c.reduce} if c.reduce else {}),
+                "kernel": c.kernel, "operator": c.op, "source": c.src,
+            } for c in pc.collectives],
             "operators": [{
                 "op": g.op, "name": g.opname, "module": self.module_of(g.op), "source": g.src,
                 "kernels": len(g.kernels),
@@ -375,14 +390,29 @@ class Report:
             if b.cache_bytes is not None:
                 console.print(f"  {e(b.arch)} {e(b.mode)}: {_si(b.bytes)}B with "
                               f"{_si(b.cache_bytes)}B on chip ({e(b.explanation)})")
-        t = Table(title="Speed-of-light bounds", show_lines=False)
-        for col in ("arch", "mode", "time", "compute", "memory", "bytes", "bound", "FLOP/B"):
+        if pc.collectives:
+            tc = Table(title=f"Collectives per rank (rank 0 of {self.world_size})")
+            for col in ("kind", "ranks", "payload", "calls", "operator", "source"):
+                tc.add_column(col, justify="right" if col in ("ranks", "payload", "calls")
+                              else "left")
+            for c in pc.collectives:
+                tc.add_row(c.kind + (f" ({c.reduce})" if c.reduce else ""), str(c.ranks),
+                           _si(c.bytes) + "B", str(c.calls), e(c.op), e(c.src or "-"))
+            console.print(tc)
+        comm = bool(pc.collectives)
+        t = Table(title="Speed-of-light bounds" + (" per rank" if comm else ""), show_lines=False)
+        cols = ("arch", "mode", "time", "compute", "memory") + (("comm", "no overlap") if comm
+                                                                  else ()) \
+            + ("bytes", "bound", "FLOP/B")
+        for col in cols:
             t.add_column(col, justify="right" if col not in ("arch", "mode", "bound") else "left")
         for b in self.bounds:
             bound = f"compute ({b.binding_unit})" if b.bound == "compute" and b.binding_unit \
                 else b.bound
-            t.add_row(b.arch, b.mode, _t(b.seconds), _t(b.compute_seconds), _t(b.memory_seconds),
-                      _si(b.bytes) + "B", bound,
+            row = [b.arch, b.mode, _t(b.seconds), _t(b.compute_seconds), _t(b.memory_seconds)]
+            if comm:
+                row += [_t(b.comm_seconds), _t(b.no_overlap_seconds or b.seconds)]
+            t.add_row(*row, _si(b.bytes) + "B", bound,
                       f"{b.intensity:.3g}" if math.isfinite(b.intensity) else "-")
         console.print(t)
         if self.specs:

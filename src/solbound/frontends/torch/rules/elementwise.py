@@ -225,5 +225,14 @@ def _to_copy(ctx, a):
 
 @rule("aten.copy")
 def _copy(ctx: OpCtx) -> None:
-    """copy(dst, src): dst's shape and dtype, src's values (broadcast)."""
+    """copy(dst, src): dst's shape and dtype, src's values (broadcast). The copy of a
+    collective's result back into the tensor it was called on (``dist.all_reduce(x)``
+    traced functionally) is that result: the collective wrote in place."""
+    src = ctx.node.args[1]
+    if (getattr(src, "target", None) is not None
+            and str(src.target).startswith("_c10d_functional.wait_tensor")
+            and tuple(src.meta["val"].shape) == tuple(ctx.val.shape)
+            and src.meta["val"].dtype == ctx.val.dtype):
+        ctx.bind(ctx.args[1])
+        return
     ctx.bind(elementwise(ctx, lambda v: Call(f"to_{ctx.out_dtype}", (v,)), [ctx.args[1]]))

@@ -1,0 +1,142 @@
+"""Tensor parallelism from the model's own plan: transformers' integration, traced per rank.
+
+``tensor_parallel(model, n)`` shards a transformers model the way
+``from_pretrained(..., tp_plan="auto")`` does: ``DistributedConfig(tp_size=n)``, the
+model's ``base_model_tp_plan`` resolved and expanded by the model itself
+(``_resolve_parallel_plans``), and transformers' ``maybe_distribute_model`` applying its
+styles on a device mesh of the fake process group (``distributed.fake_world``). The plan
+and the linear layers' styles are transformers' own: a column-wise linear keeps ``1/n`` of
+its output features, a row-wise one ``1/n`` of its input features followed by
+``dist.all_reduce`` (transformers' inference path on local shards).
+
+Two styles compute through DTensor redistributions that ``torch.export`` cannot trace
+yet (a fake tensor among the exported constants, a data-dependent ``aten.equal`` in the
+vocabulary-parallel embedding's sharding rule). While the model is sharded they are
+replaced by the same placements computed on local shards, with explicit collectives:
+
+* ``embedding_rowwise`` (vocabulary-parallel embedding, Megatron's ``VocabParallelEmbedding``):
+  rank ``r`` holds rows ``[r*c, (r+1)*c)`` (``c = ceil(V/n)``, DTensor's ``Shard(0)``),
+  looks up the ids in its range, zeroes the others, and the ranks' lookups are summed by an
+  all-reduce;
+* ``colwise_gather_output`` (the LM head): the local ``V/n`` columns of the logits, then an
+  all-gather along the last dimension.
+
+The sharded model is a per-rank program (rank 0), with its collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+class ParallelError(ValueError):
+    pass
+
+
+def _local_styles():
+    """Traceable versions of the two DTensor-only styles (see the module doc)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from transformers.distributed.tensor_parallel import ColwiseParallel
+    from torch.distributed.tensor import Replicate, Shard
+    try:
+        from transformers.distributed.tensor_parallel import EmbeddingParallel
+    except ImportError:                                  # pragma: no cover - older transformers
+        from transformers.integrations.tensor_parallel import EmbeddingParallel
+
+    def group(mesh):
+        return mesh.get_group() if mesh.ndim == 1 else mesh.get_group("tp")
+
+    class LocalVocabEmbedding(EmbeddingParallel):
+        def should_use_local_tensors(self, module):
+            return True
+
+        def transform_inputs_pre_forward(self, module, args, kwargs, mesh):
+            ids = args[0]
+            n, r = mesh.size(), mesh.get_local_rank()
+            rows = -(-module.num_embeddings // n)
+            lo, hi = r * rows, min(module.num_embeddings, (r + 1) * rows)
+            outside = (ids < lo) | (ids >= hi)
+            module._solbound_outside = outside
+            return (torch.where(outside, 0, ids - lo),) + tuple(args[1:]), kwargs
+
+        def transform_output_post_forward(self, module, output, mesh):
+            outside = module.__dict__.pop("_solbound_outside")
+            output = torch.where(outside.unsqueeze(-1), 0, output)
+            dist.all_reduce(output, group=group(mesh))
+            return output
+
+    class LocalGatherColwise(ColwiseParallel):
+        def should_use_local_tensors(self, module):
+            return True
+
+        def transform_inputs_pre_forward(self, module, args, kwargs, mesh):
+            return args, kwargs
+
+        def transform_output_post_forward(self, module, output, mesh):
+            return funcol.all_gather_tensor(output.contiguous(), gather_dim=output.dim() - 1,
+                                            group=group(mesh))
+
+    return {"embedding_rowwise": LocalVocabEmbedding(shard_dim=0),
+            "colwise_gather_output": LocalGatherColwise(input_layouts=Replicate(),
+                                                        output_layouts=Replicate()),
+            "colwise_rep": LocalGatherColwise(input_layouts=Replicate(),
+                                              output_layouts=Replicate())}, Shard
+
+
+@contextlib.contextmanager
+def _traceable_styles():
+    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
+    styles, _ = _local_styles()
+    table = ALL_PARALLEL_STYLES._global_mapping if hasattr(ALL_PARALLEL_STYLES,
+                                                           "_global_mapping") else None
+    saved = {}
+    for name, style in styles.items():
+        saved[name] = ALL_PARALLEL_STYLES[name] if name in ALL_PARALLEL_STYLES else None
+        ALL_PARALLEL_STYLES.register(name, style)
+    try:
+        yield
+    finally:
+        for name, style in saved.items():
+            if style is not None:
+                ALL_PARALLEL_STYLES.register(name, style)
+        del table
+
+
+def tensor_parallel(model, n: int):
+    """``model`` (a transformers ``PreTrainedModel``, any device) sharded ``n`` ways by its
+    own tensor-parallel plan, as rank 0 sees it; needs ``fake_world(n)`` (or any process
+    group of ``n`` ranks) around it and around the trace."""
+    import torch.distributed as dist
+    if n == 1:
+        return model
+    if not (dist.is_initialized() and dist.get_world_size() == n):
+        raise ParallelError(f"--tp {n}: needs a process group of {n} ranks (fake_world({n}))")
+    try:
+        from transformers.distributed.configuration_utils import DistributedConfig
+        from transformers.distributed.utils import initialize_distributed_mesh
+    except ImportError as e:
+        raise ParallelError(f"--tp needs transformers' distributed integration "
+                            f"(transformers >= 5): {e}") from None
+    if not hasattr(type(model), "maybe_distribute_model"):
+        raise ParallelError(f"--tp {n}: {type(model).__name__} is not a transformers model "
+                            f"(shard a model of your own per rank with torch.distributed and "
+                            f"use --world-size)")
+    config = getattr(model, "config", None)
+    plan = getattr(model, "tp_plan", None) or {}
+    if not plan:
+        raise ParallelError(f"--tp {n}: {type(model).__name__} has no tensor-parallel plan "
+                            f"(its config has no base_model_tp_plan)")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for attr in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(text, attr, None)
+        if isinstance(heads, int) and heads % n:
+            raise ParallelError(f"--tp {n}: {type(model).__name__}'s {attr} = {heads} does "
+                                f"not split over {n} ranks")
+    dc = DistributedConfig(tp_size=n)
+    _, mesh = initialize_distributed_mesh(dc)
+    with _traceable_styles():
+        model = type(model).maybe_distribute_model(model, dc, mesh)
+    model.solbound_tp = n
+    return model
