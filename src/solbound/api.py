@@ -297,11 +297,16 @@ def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatc
         if train:
             raise FrontendError("--tp with --train: transformers' training path shards through "
                                 "DTensor, which solbound cannot trace yet")
-    rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec,
-                  keep_experts_dispatch=keep_experts_dispatch, routing=routing,
-                  select_fraction=select_fraction, cache=cache, train=train,
-                  optimizer=optimizer, problem_module=problem.module, reroll=reroll,
-                  modes=modes)
+    import contextlib
+    import torch
+    # transformers' tensor-parallel layers run on local shards with explicit all-reduces
+    # for inference (grad disabled); with grad enabled they compute through DTensor
+    with torch.no_grad() if tp > 1 else contextlib.nullcontext():
+        rep = analyze(model, inputs, arch=arch, precision_policy=precision_policy, source=spec,
+                      keep_experts_dispatch=keep_experts_dispatch, routing=routing,
+                      select_fraction=select_fraction, cache=cache, train=train,
+                      optimizer=optimizer, problem_module=problem.module, reroll=reroll,
+                      modes=modes)
     if note:
         rep.lowered.program = rep.lowered.program.__class__(
             rep.lowered.program.tensors, rep.lowered.program.kernels,

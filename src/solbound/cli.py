@@ -119,11 +119,13 @@ def cmd_analyze(a) -> int:
         from .report.html import render_html
         _write(a.html, render_html(rep))
         print(f"wrote {a.html}", file=sys.stderr)
-    if not a.quiet:
+    if a.json == "-":
+        pass                          # standard output holds the JSON alone
+    elif not a.quiet:
         rep.render(top=a.top)
         if a.by_module is not None:
             rep.render_modules(a.by_module or None)
-    elif a.json != "-":
+    else:
         print(rep.summary_line())
     if a.validate and rep.validation.get("status") == "failed":
         return EXIT_VALIDATION_FAILED

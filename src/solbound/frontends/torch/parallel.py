@@ -107,10 +107,24 @@ def _traceable_styles():
 def tensor_parallel(model, n: int):
     """``model`` (a transformers ``PreTrainedModel``, any device) sharded ``n`` ways by its
     own tensor-parallel plan, as rank 0 sees it; needs ``fake_world(n)`` (or any process
-    group of ``n`` ranks) around it and around the trace."""
-    import torch.distributed as dist
+    group of ``n`` ranks) around it and around the trace. A module that wraps a transformers
+    model (a decode step building its cache) has that model sharded in place."""
     if n == 1:
         return model
+    if not hasattr(type(model), "maybe_distribute_model"):
+        inner = [m for name, m in model.named_modules()
+                 if hasattr(type(m), "maybe_distribute_model")]
+        outer = [m for m in inner if not any(m is not o and any(c is m for c in o.modules())
+                                             for o in inner)]
+        if len(outer) == 1:
+            _shard(outer[0], n)
+            model.solbound_tp = n
+            return model
+    return _shard(model, n)
+
+
+def _shard(model, n: int):
+    import torch.distributed as dist
     if not (dist.is_initialized() and dist.get_world_size() == n):
         raise ParallelError(f"--tp {n}: needs a process group of {n} ranks (fake_world({n}))")
     try:
