@@ -5,7 +5,7 @@ the MLP (transformers' own tensor-parallel plan), so the cache it reads is 8/N k
 heads.
 
     solbound analyze examples/parallel/llama3_70b_decode.py --tp 8 --arch h100-sxm
-    solbound project examples/parallel/llama3_70b_decode.py --tp 1,2,4,8 --target 20ms
+    solbound provision examples/parallel/llama3_70b_decode.py --tp 1,2,4,8 --latency 10ms
 """
 
 import torch

@@ -40,9 +40,32 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="the program is written per rank (torch.distributed collectives): "
                         "trace it as rank 0 of N under a fake process group; counts and "
                         "bounds are per rank, with the collectives' link time")
-    p.add_argument("--tp", type=int, default=None, metavar="N",
+    p.add_argument("--tp", type=_degrees, default=None, metavar="N",
                    help="shard a transformers model N ways by its own tensor-parallel plan "
-                        "(base_model_tp_plan); per-rank counts and bounds")
+                        "(base_model_tp_plan); per-rank counts and bounds (project and "
+                        "provision take a list: 1,2,4,8)")
+
+
+def _degrees(text: str) -> list[int]:
+    """``8`` or ``1,2,4,8``: tensor-parallel degrees."""
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a degree (8) or a list (1,2,4,8)") \
+            from None
+    if not out or any(d < 1 for d in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: degrees are positive integers")
+    return out
+
+
+def _tp(a) -> int | None:
+    """The one ``--tp`` degree of a command that analyzes one program."""
+    from .frontends.contract import FrontendError
+    tp = getattr(a, "tp", None)
+    if tp and len(tp) > 1:
+        raise FrontendError(f"--tp {','.join(map(str, tp))}: this command takes one degree "
+                            f"(project and provision take a list)")
+    return tp[0] if tp else None
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -89,7 +112,7 @@ def cmd_analyze(a) -> int:
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer,
                          reroll=not getattr(a, "no_reroll", False), world_size=a.world_size,
-                         tp=a.tp, **_vopts(a))
+                         tp=_tp(a), **_vopts(a))
     if a.measure:
         from .frontends.torch.capture import load_problem
         from .frontends.torch.timing import MeasureError, measure_problem
@@ -159,7 +182,7 @@ def cmd_ir(a) -> int:
     from .api import analyze_source
     from .ir.text import print_program
     rep = analyze_source(a.program, params=_params(a), arch=None, routing=a.routing,
-                         select_fraction=a.select_fraction, world_size=a.world_size, tp=a.tp)
+                         select_fraction=a.select_fraction, world_size=a.world_size, tp=_tp(a))
     text = print_program(rep.program)
     _write(a.output or "-", text)
     if rep.unsupported:
@@ -174,7 +197,7 @@ def cmd_explain(a) -> int:
     rep = analyze_source(a.program, params=_params(a), arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction,
                          train=a.train, optimizer=a.optimizer, world_size=a.world_size,
-                         tp=a.tp)
+                         tp=_tp(a))
     if not a.kernel:
         for k in rep.counts.kernels:
             print(f"{k.name:40s} {k.op:30s} {k.einsum}")
@@ -233,7 +256,7 @@ def cmd_slope(a) -> int:
     rep = analyze_source(a.program, params=_params(a), arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction,
                          train=a.train, optimizer=a.optimizer, world_size=a.world_size,
-                         tp=a.tp)
+                         tp=_tp(a))
     pc = rep.program_cache()
     caps = pc.capacities()
     program = [pc.traffic(c).bytes for c in caps]
@@ -294,9 +317,12 @@ def cmd_provision(a) -> int:
         target = parse_latency(a.latency) if a.latency is not None else parse_rate(a.rate)
     except TargetError as e:
         return _err(str(e))
+    if a.tp and len(a.tp) > 1:
+        return _parallel(a, target)
     rep = analyze_source(a.program, params=_params(a), arch=_archs(a) or "all", precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
-                         train=a.train, optimizer=a.optimizer)
+                         train=a.train, optimizer=a.optimizer, world_size=a.world_size,
+                         tp=_tp(a))
     doc = provision(rep, target)
     if a.json:
         _write(a.json, dumps(doc, indent=1) + "\n")
@@ -335,14 +361,72 @@ def cmd_provision(a) -> int:
     return 0
 
 
+def _parallel(a, target: float | None) -> int:
+    """``project``/``provision`` over a list of tensor-parallel degrees: one per-rank
+    analysis per degree, then per chip and degree the bound and its communication share
+    (and, with a target, the least degree that meets it)."""
+    from .api import analyze_source
+    from .bounds.provision import parallel_projection
+    from .report.report import dumps
+    if a.world_size:
+        return _err("--tp with a list of degrees sets the world size of each analysis: "
+                    "leave out --world-size")
+    reports = {}
+    for d in a.tp:
+        print(f"solbound: tensor-parallel degree {d} ...", file=sys.stderr)
+        reports[d] = analyze_source(a.program, params=_params(a),
+                                    arch=_archs(a) or "h100-sxm,h200,b200,gb200-nvl72,mi300x",
+                                    precision_policy=a.precision_policy, routing=a.routing,
+                                    select_fraction=a.select_fraction, cache=a.cache,
+                                    tp=d, modes=("fused",))
+    doc = parallel_projection(reports, target)
+    doc["source"] = a.program
+    if a.json:
+        _write(a.json, dumps(doc, indent=1) + "\n")
+    if a.json == "-":
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+    title = f"{a.program}: fused bound per rank by tensor-parallel degree"
+    if target is not None:
+        title += f", target {target * 1e3:.4g} ms"
+    t = Table(title=title)
+    cols = ["arch", "tp", "time", "compute", "memory", "comm", "comm share", "binds",
+            "per rank", "fits DRAM"] + (["meets"] if target is not None else [])
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("arch", "binds") else "right")
+    for r in doc["rows"]:
+        t.add_row(r["arch"], str(r["tp"]), _tm(r["seconds"]), _tm(r["compute_seconds"]),
+                  _tm(r["memory_seconds"]), _tm(r["comm_seconds"]),
+                  f"{r['comm_share'] * 100:.3g}%", r["binding"], _size(r["resident_bytes"]),
+                  "-" if r["fits_dram"] is None else ("yes" if r["fits_dram"] else "NO"),
+                  *((("yes" if r["meets"] else "no"),) if target is not None else ()))
+    con = Console(emoji=False, highlight=False)
+    con.print(t)
+    if target is not None:
+        for arch, d in doc["least_tp"].items():
+            con.print(f"{arch}: " + (f"least tensor-parallel degree that meets "
+                                     f"{target * 1e3:.4g} ms: {d}" if d else
+                                     f"no degree among {','.join(map(str, a.tp))} meets "
+                                     f"{target * 1e3:.4g} ms"))
+    return 0
+
+
+def _tm(s: float) -> str:
+    return f"{s * 1e3:.4g} ms" if s >= 1e-3 else f"{s * 1e6:.4g} us"
+
+
 def cmd_project(a) -> int:
     """One program across chips: each fidelity, the fusion benefit and the cache penalty."""
     from .api import analyze_source
     from .report.report import dumps
     from .bounds.provision import projection
+    if a.tp and len(a.tp) > 1:
+        return _parallel(a, None)
     rep = analyze_source(a.program, params=_params(a), arch=_archs(a) or "all", precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
-                         train=a.train, optimizer=a.optimizer)
+                         train=a.train, optimizer=a.optimizer, world_size=a.world_size,
+                         tp=_tp(a))
     rows = projection(rep)
     if a.json:
         _write(a.json, dumps({"schema": "solbound.project/1", "source": rep.source,

@@ -61,6 +61,10 @@ def factors(bound, target: float) -> dict[str, float]:
     out = {"bandwidth": get("memory_seconds") / target}
     for unit, secs in sorted(get("unit_seconds").items()):
         out[unit] = secs / target
+    comm = get("comm_seconds") if isinstance(bound, dict) and "comm_seconds" in bound \
+        else getattr(bound, "comm_seconds", 0.0) if not isinstance(bound, dict) else 0.0
+    if comm:
+        out["link"] = comm / target
     return out
 
 
@@ -154,8 +158,54 @@ def projection(report) -> list[dict]:
 
 
 def binding_resource(b: Bound) -> str:
+    if b.bound == "communication":
+        return "link"
     return "bandwidth" if b.bound == "memory" else (b.binding_unit or "compute")
 
 
+def resident_bytes(report) -> int:
+    """What one rank holds in DRAM while the program runs, at least: its parameters,
+    buffers, constants and inputs (a KV cache passed in) and its outputs."""
+    roles = {"input", "parameter", "buffer", "constant", "output"}
+    return sum(t.nbytes for t in report.program.tensors if t.role in roles)
+
+
+def parallel_projection(reports: dict, target: float | None = None,
+                        mode: str = "fused") -> dict:
+    """One program at several tensor-parallel degrees (``reports``: degree -> the report of
+    that degree's per-rank program): per chip and degree the bound, its compute, memory and
+    link time, the communication's share of the time without overlap, the bytes a rank
+    holds and whether they fit its DRAM; with ``target``, whether the degree meets it, and
+    per chip the least degree that does (fits and is fast enough)."""
+    rows = []
+    for degree, rep in sorted(reports.items()):
+        held = resident_bytes(rep)
+        for b in rep.bounds:
+            if b.mode != mode:
+                continue
+            spec = next(s for s in rep.specs if s.id == b.arch)
+            cap = spec.entries.get("dram.capacity", {}).get("value")
+            no_overlap = b.no_overlap_seconds if b.no_overlap_seconds is not None else b.seconds
+            row = {"arch": b.arch, "tp": degree, "seconds": b.seconds,
+                   "compute_seconds": b.compute_seconds, "memory_seconds": b.memory_seconds,
+                   "comm_seconds": b.comm_seconds, "no_overlap_seconds": no_overlap,
+                   "comm_share": b.comm_seconds / no_overlap if no_overlap else 0.0,
+                   "binding": binding_resource(b), "resident_bytes": held,
+                   "dram_capacity": cap, "fits_dram": None if cap is None else held <= cap}
+            if target is not None:
+                row["meets"] = b.seconds <= target and row["fits_dram"] is not False
+            rows.append(row)
+    doc = {"schema": "solbound.parallel/1", "mode": mode, "rows": rows}
+    if target is not None:
+        doc["target_seconds"] = target
+        least = {}
+        for r in rows:
+            if r["meets"] and (r["arch"] not in least or r["tp"] < least[r["arch"]]):
+                least[r["arch"]] = r["tp"]
+        doc["least_tp"] = {a: least.get(a) for a in dict.fromkeys(r["arch"] for r in rows)}
+    return doc
+
+
 __all__ = ["parse_latency", "parse_rate", "factors", "requirements", "chips", "cache_curve",
-           "provision", "projection", "TargetError", "SCHEMA"]
+           "provision", "projection", "TargetError", "SCHEMA", "parallel_projection",
+           "resident_bytes"]

@@ -135,14 +135,14 @@ class Bound:
     # physical unit -> seconds (the sum over the pipes that run on it); T_compute is the max
     unit_seconds: dict[str, float] = field(default_factory=dict)
     cache_bytes: int | None = None       # the on-chip capacity a cache-aware bound assumes
+    explanation: str = ""                # how the fidelity arrived at its bytes
+    detail: object = field(default=None, repr=False)
     # communication (``bounds/comm.py``): the rank's collectives over its link; ``seconds``
     # is max(compute, memory, communication), ``no_overlap_seconds`` the time without
     # overlapping communication (max(compute, memory) + communication)
     comm_seconds: float = 0.0
     link_bandwidth: float = 0.0
     no_overlap_seconds: float | None = None
-    explanation: str = ""                # how the fidelity arrived at its bytes
-    detail: object = field(default=None, repr=False)
 
     @property
     def binding_unit(self) -> str:
