@@ -250,10 +250,19 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
     if world > 1:
         from .frontends.torch.distributed import fake_world
         with fake_world(world):
-            rep = _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatch,
+            rep = _analyze_source(spec, arch, precision_policy, False, keep_experts_dispatch,
                                   routing, select_fraction, cache, train, optimizer, reroll,
                                   params, modes, tp or 1, validate_opts)
         rep.world_size = world
+        if validate:
+            # every rank at once under a threaded process group (after the fake one is gone)
+            from .frontends.torch.spmd import validate_spmd
+            if train:
+                rep.validation = {"status": "skipped", "reason": "a per-rank training step is "
+                                                                 "not validated yet"}
+            else:
+                rep.validation = validate_spmd(rep, rep.problem, world, tp or 1,
+                                               **validate_opts)
         return rep
     return _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatch,
                            routing, select_fraction, cache, train, optimizer, reroll, params,

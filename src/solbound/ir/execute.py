@@ -15,6 +15,7 @@ and the validator's tolerance accounts for the source dtype.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Callable
 
 import numpy as np
@@ -285,7 +286,18 @@ class _KernelExec:
                 if self.world is None:
                     raise ExecutionError(f"collective {k.lib[0]} ({k.name}): one rank cannot "
                                          f"compute it; run the ranks with execute_spmd")
-                res = self.world(k, [self.arrays[t] for t in names])
+                # operands and result through their indices: a rerolled layer's collective
+                # reads and writes one layer's slice of a stacked tensor
+                ranges = {d: (0, n) for d, n in k.dims}
+                ops = []
+                for acc in dict.fromkeys(accesses(k.body)):
+                    used = {v for i in acc.index for v in i.vars}
+                    ops.append(np.ascontiguousarray(self.view(acc, ranges)).reshape(
+                        [self.ext[d] for d in self.dims if d in used]))
+                res = np.asarray(self.world(k, ops[:1]))
+                keep = [d for d in self.dims if d in k.out_vars]
+                self.write(res.astype(out.dtype, copy=False), ranges, keep)
+                return
             else:
                 res = run_routine(k.lib[0], [self.arrays[t] for t in names], k.lib_params)
             res = np.asarray(res)
@@ -548,13 +560,16 @@ def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
     return arrays
 
 
+class _OtherRankFailed(ExecutionError):
+    pass
+
+
 class _World:
     """The ranks of an SPMD run meeting at each collective: every rank's thread leaves its
     operand, waits for the others, computes its own result from all of them, and waits
     again before the slot is reused."""
 
     def __init__(self, n: int):
-        import threading
         self.n = n
         self.slots: list = [None] * n
         self.barrier = threading.Barrier(n)
@@ -569,18 +584,23 @@ class _World:
                 raise ExecutionError(f"collective {k.name} runs over ranks {group}: an SPMD "
                                      f"run of {self.n} ranks executes only collectives over "
                                      f"all of them")
-            self.slots[rank] = operands[0]
-            self.barrier.wait()
-            res = run(k.lib[0], params, list(self.slots), group.index(rank))
-            self.barrier.wait()
+            try:
+                self.slots[rank] = operands[0]
+                self.barrier.wait()
+                res = run(k.lib[0], params, list(self.slots), group.index(rank))
+                self.barrier.wait()
+            except threading.BrokenBarrierError:
+                raise _OtherRankFailed(f"rank {rank} stopped at {k.name}: another rank "
+                                       f"failed") from None
             return res
         return collective
 
 
-def execute_spmd(p: Program, inputs: list[dict[str, np.ndarray]], wide: bool = False
-                 ) -> list[dict[str, np.ndarray]]:
-    """Run ``p`` on every rank at once (``inputs[r]``: rank ``r``'s values), each rank a
-    thread, its collectives computed from every rank's operands. Returns each rank's tensors.
+def execute_spmd(p: "Program | list[Program]", inputs: list[dict[str, np.ndarray]],
+                 wide: bool = False) -> list[dict[str, np.ndarray]]:
+    """Run ``p`` on every rank at once (``inputs[r]``: rank ``r``'s values; ``p`` one
+    program for all ranks or one per rank), each rank a thread, its collectives computed
+    from every rank's operands. Returns each rank's tensors.
 
     >>> from solbound.ir.text import parse_program
     >>> prog = parse_program('''
@@ -601,7 +621,8 @@ def execute_spmd(p: Program, inputs: list[dict[str, np.ndarray]], wide: bool = F
 
     def one(r: int) -> None:
         try:
-            results[r] = execute(p, inputs[r], wide=wide, world=world.member(r))
+            prog = p[r] if isinstance(p, (list, tuple)) else p
+            results[r] = execute(prog, inputs[r], wide=wide, world=world.member(r))
         except BaseException as e:  # noqa: BLE001 - re-raised below, in rank order
             errors[r] = e
             world.barrier.abort()         # the others stop waiting at their next collective
@@ -612,7 +633,7 @@ def execute_spmd(p: Program, inputs: list[dict[str, np.ndarray]], wide: bool = F
     for t in threads:
         t.join()
     for r, e in enumerate(errors):
-        if e is not None and not isinstance(e, threading.BrokenBarrierError):
+        if e is not None and not isinstance(e, _OtherRankFailed):
             raise e
     for e in errors:
         if e is not None:

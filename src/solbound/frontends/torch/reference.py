@@ -237,6 +237,12 @@ def _state_value(model, target: str, ep=None):
         # program holds their values
         if ep is not None and target in ep.state_dict:
             return ep.state_dict[target]
+        # a DTensor parameter (a tensor-parallel shard) unwrapped to its local tensor
+        import re
+        m = re.fullmatch(r"(.*)\.parametrizations\.(\w+)\.original0", target)
+        if m:
+            val = _resolve(model, f"{m.group(1)}.{m.group(2)}")
+            return val.to_local() if hasattr(val, "to_local") else val
         raise
 
 

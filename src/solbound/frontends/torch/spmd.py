@@ -1,0 +1,157 @@
+"""Validation of a per-rank program: every rank run at once, collectives for real.
+
+The analyzed program is rank 0's, traced under a fake process group. To check it, each of
+the ``n`` ranks builds its own model and inputs (seed ``seed + rank``: its own shard
+values and data; under ``--tp`` every rank builds the same full model and inputs, so the
+shards are slices of one model and the inputs replicated), one thread per rank under PyTorch's threaded process group
+(``torch.testing._internal.distributed.multi_threaded_pg``: real collectives between
+threads of one process). Each rank traces and lowers its own program (a rank's program can
+differ from rank 0's: a vocabulary-parallel embedding offsets the ids it looks up by its
+rank), then all ranks run their models at once: the reference, with real all-reduces and
+all-gathers. The IR runs the same way (``ir.execute.execute_spmd``: every rank's program in
+lockstep, each collective computed from every rank's operand), and every rank's outputs are
+compared with its reference. Rank 0's re-traced program must have the analyzed program's
+kernel structure, as for any validation.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+
+
+def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0,
+                  max_bytes: int | None = None, max_seconds: float | None = None) -> dict:
+    from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EPS, _structure,
+                                     compare, estimate_cost, max_reduction, operator_calls,
+                                     tolerance, tolerance_rule, _InputScale)
+    t0 = time.perf_counter()
+    if problem is None:
+        return {"status": "skipped", "reason": "a per-rank program is validated from a file or "
+                                               "factory (each rank builds its own model)"}
+    if rep.lowered.unsupported:
+        return {"status": "skipped", "reason": "unsupported operators: the IR does not compute "
+                                               "the whole program"}
+    mem, secs = estimate_cost(rep.program, sum(rep.counts.flops.values()))
+    max_bytes = max_bytes or DEFAULT_MAX_BYTES
+    max_seconds = max_seconds or DEFAULT_MAX_SECONDS
+    if mem * world > max_bytes or secs * world > max_seconds:
+        return {"status": "skipped",
+                "reason": f"over budget for {world} ranks (~{mem * world / 2**30:.1f} GiB, "
+                          f"~{secs * world:.0f} s); shapes are not reduced for a per-rank "
+                          f"program yet"}
+    ranks = _run_ranks(rep, problem, world, tp, seed)
+    errors = [r["error"] for r in ranks if r.get("error")]
+    if errors:
+        return {"status": "inconclusive", "reason": errors[0],
+                "seconds": time.perf_counter() - t0}
+    low0 = ranks[0]["lowered"]
+    if _structure(low0.program) != _structure(rep.program):
+        return {"status": "inconclusive",
+                "reason": "rank 0's program re-traced with real tensors has a different kernel "
+                          "structure than the analyzed one", "seconds": time.perf_counter() - t0}
+    from ...ir.execute import ExecutionError, execute_spmd
+    p = low0.program
+    dtypes = [t.dtype for t in p.tensors if t.role == "output"]
+    src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
+    tol = tolerance(src_dtype, max_reduction(p), operator_calls(p) + len(rep.counts.collectives))
+    try:
+        arrays = execute_spmd([r["lowered"].program for r in ranks],
+                              [r["gold"]["feeds"] for r in ranks])
+    except ExecutionError as e:
+        return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
+                "seconds": time.perf_counter() - t0}
+    per_rank, ok = [], True
+    for r, arr in zip(ranks, arrays):
+        outs = compare(r["lowered"], arr, r["gold"]["golden"], tol, _InputScale(r["lowered"].program, arr))
+        ok &= all(o["ok"] for o in outs)
+        per_rank.append(outs)
+    worst = max((math.inf if o["worst_rel_error"] is None else o["worst_rel_error"]
+                 for outs in per_rank for o in outs), default=0.0)
+    return {"status": "passed" if ok else "failed", "tolerance": tol,
+            "tolerance_rule": tolerance_rule(src_dtype), "outputs": per_rank[0],
+            "ranks": world,
+            "failed_ranks": [i for i, outs in enumerate(per_rank) if not all(o["ok"] for o in outs)],
+            "reference": f"the module's forward on {world} ranks at once (threaded process "
+                         f"group: real collectives), each rank its own model and inputs",
+            "summary": f"worst relative error {worst:.3g} over {world} ranks (tolerance {tol:.3g})",
+            "seconds": time.perf_counter() - t0}
+
+
+def _run_ranks(rep, problem, world: int, tp: int, seed: int) -> list[dict]:
+    """Every rank built, traced and run under the threaded process group."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.multi_threaded_pg import _install_threaded_pg
+    from .reference import HarnessError, _build_real, run_original
+    from .stacks import export_and_lower
+
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)
+    _install_threaded_pg()
+    store = dist.HashStore()
+    build_lock = threading.Lock()
+    barrier = threading.Barrier(world)
+    out: list[dict] = [{} for _ in range(world)]
+    reroll = getattr(rep, "reroll", True)
+
+    def rank(r: int) -> None:
+        dist.init_process_group("threaded", rank=r, world_size=world, store=store)
+        try:
+            with build_lock:                       # the global RNG and tracing, one at a time
+                # a tensor-parallel model: every rank the same full model and inputs, so each
+                # rank's shard is its slice of one model and the inputs are replicated (the
+                # run is the sharded model's); a per-rank program: each rank its own values
+                model, inputs = _build_real(problem, seed if tp > 1 else seed + r)
+                if tp > 1:
+                    from .parallel import tensor_parallel
+                    model = tensor_parallel(model, tp)
+                with torch.no_grad() if tp > 1 else _null():
+                    ep, low = export_and_lower(model, tuple(inputs), rep.source,
+                                               reroll_layers=reroll)
+            out[r]["lowered"] = low
+            barrier.wait()
+            with torch.no_grad():
+                out[r]["gold"] = run_original(model, tuple(inputs), low, ep)
+        except threading.BrokenBarrierError:
+            out[r]["error"] = "another rank failed"
+        except HarnessError as e:
+            out[r]["error"] = f"rank {r}: {e}"
+            barrier.abort()
+        except Exception as e:  # noqa: BLE001 - one line for the report
+            from ..loading import oneline
+            out[r]["error"] = f"rank {r}: {oneline(e)}"
+            barrier.abort()
+        finally:
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(world)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+    finally:
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+    first = next((o for o in out if o.get("error") and o["error"] != "another rank failed"),
+                 None)
+    if first is not None:
+        for o in out:
+            o["error"] = first["error"]
+    return out
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+__all__ = ["validate_spmd", "np"]
