@@ -9,7 +9,8 @@ MODULES = ["solbound.ir.affine", "solbound.ir.demand", "solbound.analysis.footpr
            "solbound.analysis.tiling", "solbound.bounds.fidelity", "solbound.bounds.provision",
            "solbound.bounds.opportunities", "solbound.hardware.catalog", "solbound.ir.reroll",
            "solbound.frontends.torch.stacks", "solbound.sweep.spec", "solbound.sweep.engine",
-           "solbound.frontends.loading", "solbound.ir.execute"]
+           "solbound.frontends.loading", "solbound.ir.execute", "solbound.ir.collectives",
+           "solbound.bounds.comm", "solbound.frontends.torch.distributed"]
 
 
 @pytest.mark.parametrize("name", MODULES)

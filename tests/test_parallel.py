@@ -1,0 +1,281 @@
+"""Programs beyond one chip: collectives per rank, link figures, the bound with
+communication, transformers' tensor-parallel plan, validation on every rank at once.
+Every number is a closed form of the program's sizes and the catalog's link figures."""
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import solbound
+from solbound.api import analyze_source
+from solbound.bounds.comm import CommError, factor, link
+from solbound.hardware.catalog import SpecError, catalog, load_spec, spec_from_file
+from solbound.ir.execute import ExecutionError, execute, execute_spmd
+from solbound.ir.text import parse_program, print_program
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TP_MLP = os.path.join(ROOT, "examples", "parallel", "tp_mlp.py")
+RANK = os.path.join(HERE, "programs", "collectives_rank.py")
+LLAMA = os.path.join(HERE, "programs", "tiny_llama_tp.py")
+
+pytestmark = pytest.mark.xdist_group("distributed")   # process groups are process-global
+
+
+# --- the catalog's links ----------------------------------------------------------------
+
+LINKED = {"h100-sxm": (450e9, 8, True), "h200": (450e9, 8, True), "b200": (900e9, 8, True),
+          "gb200-nvl72": (900e9, 72, True), "a100-sxm": (300e9, 8, False),
+          "mi300x": (448e9, 8, False), "tpu-v5e": (200e9, 256, False)}
+
+
+def test_links_in_the_catalog_with_sources():
+    for arch, (bw, domain, nvls) in LINKED.items():
+        s = load_spec(arch)
+        assert (s.links["scale_up"], s.links["scale_up_domain"],
+                s.links["in_network_reduction"]) == (bw, domain, nvls), arch
+        for key in ("scale_up", "scale_up_domain", "in_network_reduction", "scale_out"):
+            assert s.source(f"links.{key}").strip(), (arch, key)
+    assert not load_spec("h100-pcie").links          # no figures: nothing is invented
+
+
+def test_link_schema_checked(tmp_path):
+    base = open(os.path.join(os.path.dirname(solbound.__file__), "hardware", "specs",
+                             "h100-sxm.toml")).read()
+    bad = base.replace('in_network_reduction = { value = true', 'in_network_reduction = { value = 1')
+    p = tmp_path / "chip.toml"
+    p.write_text(bad)
+    with pytest.raises(SpecError, match="links.in_network_reduction: value 1 is not true or false"):
+        spec_from_file(str(p))
+    p.write_text(base.replace("scale_up = { value = 450e9,", "scale_up = { value = -1,"))
+    with pytest.raises(SpecError, match="links.scale_up: value -1 is not a positive number"):
+        spec_from_file(str(p))
+
+
+def test_factors_and_links():
+    assert factor("all_reduce", 8, False) == 2 * 7 / 8
+    assert factor("all_reduce", 8, True) == 7 / 8
+    for kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert factor(kind, 4, True) == factor(kind, 4, False) == 3 / 4
+    assert factor("permute", 2, False) == 1.0 and factor("all_reduce", 1, False) == 0.0
+    h100 = load_spec("h100-sxm")
+    assert link(h100, 8).name == "scale_up" and link(h100, 8).bandwidth == 450e9
+    assert link(h100, 16).name == "scale_out" and link(h100, 16).bandwidth == 50e9
+    assert not link(h100, 16).in_network
+    assert link(load_spec("gb200-nvl72"), 72).name == "scale_up"
+    with pytest.raises(CommError, match="h100-pcie has no link figures"):
+        link(load_spec("h100-pcie"), 2)
+
+
+# --- the IR: collective kernels, their text and their execution ------------------------
+
+IR = '''
+x = input(f32[4, 3])
+ar = output(f32[4, 3])
+ag = output(f32[8, 3])
+rs = output(f32[2, 3])
+a2a = output(f32[4, 3])
+
+@kernel(d0=4, d1=3, a0_0=4, a0_1=3)
+@library(name="all_reduce", ranks=2, group=(0, 1), op="sum")
+def k_ar():
+    ar[d0, d1] = operands(x[a0_0, a0_1])
+
+@kernel(d0=8, d1=3, a0_0=4, a0_1=3)
+@library(name="all_gather", ranks=2, group=(0, 1))
+def k_ag():
+    ag[d0, d1] = operands(x[a0_0, a0_1])
+
+@kernel(d0=2, d1=3, a0_0=4, a0_1=3)
+@library(name="reduce_scatter", ranks=2, group=(0, 1), op="sum")
+def k_rs():
+    rs[d0, d1] = operands(x[a0_0, a0_1])
+
+@kernel(d0=4, d1=3, a0_0=4, a0_1=3)
+@library(name="all_to_all", ranks=2, group=(0, 1))
+def k_a2a():
+    a2a[d0, d1] = operands(x[a0_0, a0_1])
+'''
+
+
+def test_collective_ir_round_trips_and_runs_on_every_rank():
+    p = parse_program(IR)
+    assert print_program(parse_program(print_program(p))) == print_program(p)
+    xs = [np.arange(12, dtype=np.float32).reshape(4, 3) * (r + 1) for r in range(2)]
+    outs = execute_spmd(p, [{"x": x} for x in xs])
+    for r in range(2):
+        np.testing.assert_array_equal(outs[r]["ar"], xs[0] + xs[1])
+        np.testing.assert_array_equal(outs[r]["ag"], np.concatenate(xs))
+        np.testing.assert_array_equal(outs[r]["rs"], (xs[0] + xs[1])[2 * r:2 * r + 2])
+        np.testing.assert_array_equal(outs[r]["a2a"], np.concatenate(
+            [xs[0][2 * r:2 * r + 2], xs[1][2 * r:2 * r + 2]]))
+    with pytest.raises(ExecutionError, match="one rank cannot compute it"):
+        execute(p, {"x": xs[0]})
+
+
+# --- PyTorch programs written per rank --------------------------------------------------
+
+def test_tensor_parallel_mlp_closed_form():
+    rep = analyze_source(TP_MLP, arch="h100-sxm,a100-sxm,mi300x", world_size=8)
+    t, h, f = 16, 4096, 16384
+    assert rep.counts.macs == 2 * t * h * (f // 8)           # column then row shard
+    (c,) = rep.counts.collectives
+    assert (c.kind, c.ranks, c.bytes, c.calls, c.reduce) == ("all_reduce", 8, t * h * 2, 1, "sum")
+    expect = {"h100-sxm": t * h * 2 * 7 / 8 / 450e9,          # NVLS: (n-1)/n
+              "a100-sxm": t * h * 2 * 2 * 7 / 8 / 300e9,      # ring: 2(n-1)/n
+              "mi300x": t * h * 2 * 2 * 7 / 8 / 448e9}
+    for b in rep.bounds:
+        assert b.comm_seconds == pytest.approx(expect[b.arch], rel=1e-12)
+        assert b.seconds == max(b.compute_seconds, b.memory_seconds, b.comm_seconds)
+        assert b.no_overlap_seconds == pytest.approx(
+            max(b.compute_seconds, b.memory_seconds) + b.comm_seconds)
+    d = json.loads(rep.to_json())
+    assert d["world_size"] == 8
+    assert d["collectives"] == [{"kind": "all_reduce", "bytes": 131072, "ranks": 8, "calls": 1,
+                                 "group": list(range(8)), "reduce": "sum",
+                                 "kernel": c.kernel, "operator": c.op, "source": "tp_mlp.py:27"}]
+    assert {b["arch"]: b["link_bandwidth"] for b in d["bounds"]} == {
+        "h100-sxm": 450e9, "a100-sxm": 300e9, "mi300x": 448e9}
+
+
+def test_every_collective_kind_per_rank_and_validated():
+    rep = analyze_source(RANK, arch="h100-sxm", world_size=4, validate=True)
+    rows, cols = 8, 16
+    got = [(c.kind, c.bytes, c.ranks) for c in rep.counts.collectives]
+    assert got == [("all_gather", 4 * rows * cols * 4, 4),      # the gathered tensor
+                   ("reduce_scatter", rows * cols * 4, 4),      # the unscattered operand
+                   ("all_to_all", rows * cols * 4, 4),
+                   ("all_reduce", rows * cols * 4, 4)]
+    b = rep.bound("h100-sxm")
+    per = (4 * rows * cols * 4 + 2 * rows * cols * 4) * 3 / 4 + rows * cols * 4 * 3 / 4
+    assert b.comm_seconds == pytest.approx(per / 450e9, rel=1e-12)
+    v = rep.validation
+    assert v["status"] == "passed" and v["ranks"] == 4 and v["failed_ranks"] == [], v
+
+
+def test_validation_catches_a_wrong_collective(monkeypatch):
+    """The same program with the IR's all-gather putting the ranks in the wrong order:
+    the ranks' real run disagrees."""
+    import solbound.ir.collectives as coll
+    real = coll.run
+
+    def wrong(kind, params, operands, position):
+        if kind == "all_gather":
+            return np.concatenate(operands[::-1], axis=0)
+        return real(kind, params, operands, position)
+    monkeypatch.setattr(coll, "run", wrong)
+    rep = analyze_source(RANK, arch="h100-sxm", world_size=4, validate=True)
+    assert rep.validation["status"] == "failed"
+
+
+def test_world_size_errors(tmp_path):
+    from solbound.cli import main
+    assert main(["analyze", TP_MLP, "--world-size", "0", "--quiet"]) == 2
+    assert main(["analyze", TP_MLP, "--world-size", "8", "--arch", "h100-pcie", "--quiet"]) == 2
+    assert main(["analyze", TP_MLP, "--tp", "2", "--quiet"]) == 2        # not transformers
+    assert main(["analyze", LLAMA, "--tp", "3", "--quiet"]) == 2         # 4 heads
+    bad = tmp_path / "uneven.py"
+    bad.write_text(open(RANK).read().replace(
+        "dist.all_to_all_single(swapped, y)",
+        "dist.all_to_all_single(swapped, y, [2, 2, 3, 1], [2, 2, 3, 1])"))
+    # not modelled: an unsupported operator, named with its reason (--strict exits 3)
+    rep = analyze_source(str(bad), arch="h100-sxm", world_size=4)
+    (u,) = rep.unsupported
+    assert "all_to_all" in u.operator and "unequal" in u.reason
+    assert main(["analyze", str(bad), "--world-size", "4", "--quiet", "--strict"]) == 3
+
+
+def test_world_size_error_messages(capsys):
+    from solbound.cli import main
+    main(["analyze", TP_MLP, "--world-size", "8", "--arch", "h100-pcie", "--quiet"])
+    assert "h100-pcie has no link figures" in capsys.readouterr().err
+    main(["analyze", LLAMA, "--tp", "3", "--quiet"])
+    assert "num_attention_heads = 4 does not split over 3 ranks" in capsys.readouterr().err
+    main(["analyze", TP_MLP, "--tp", "2", "--quiet"])
+    assert "is not a transformers model" in capsys.readouterr().err
+
+
+# --- transformers' own tensor-parallel plan ---------------------------------------------
+
+def test_llama_tp_plan_closed_form_and_validated():
+    rep = analyze_source(LLAMA, arch="h100-sxm", tp=2, validate=True)
+    t, h, f, layers, hd, vocab = 8, 64, 128, 3, 16, 256
+    heads, kv = 4 // 2, 2 // 2                       # per rank
+    causal = t * (t + 1) // 2
+    per_layer = (t * h * heads * hd + 2 * t * h * kv * hd + t * heads * hd * h
+                 + 3 * t * h * (f // 2) + 2 * heads * hd * causal + 2 * t * h)
+    assert rep.counts.macs == layers * per_layer + t * h + t * h * (vocab // 2)
+    got = [(c.kind, c.bytes, c.calls) for c in rep.counts.collectives]
+    assert got == [("all_reduce", t * h * 4, 1),               # vocabulary-parallel embedding
+                   ("all_reduce", t * h * 4, layers),          # o_proj (row-wise)
+                   ("all_reduce", t * h * 4, layers),          # down_proj (row-wise)
+                   ("all_gather", t * vocab * 4, 1)]           # the LM head's logits
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.lowered.rerolled[0]["trip"] == layers
+
+
+def _run_ranks(n, fn):
+    """``fn(rank)`` on ``n`` threads under PyTorch's threaded process group."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.multi_threaded_pg import _install_threaded_pg
+    torch._C._distributed_c10d._set_thread_isolation_mode(True)
+    _install_threaded_pg()
+    store, out, lock = dist.HashStore(), [None] * n, threading.Lock()
+
+    def one(r):
+        dist.init_process_group("threaded", rank=r, world_size=n, store=store)
+        try:
+            out[r] = fn(r, lock)
+        finally:
+            dist.destroy_process_group()
+    ts = [threading.Thread(target=one, args=(r,)) for r in range(n)]
+    try:
+        [t.start() for t in ts]
+        [t.join(120) for t in ts]
+    finally:
+        torch._C._distributed_c10d._set_thread_isolation_mode(False)
+    return out
+
+
+def test_sharded_llama_computes_the_unsharded_model():
+    """The plan as solbound applies it (transformers' styles, two of them on local shards)
+    gives the logits of the model it shards."""
+    import torch
+    from transformers import LlamaForCausalLM
+    from solbound.frontends.torch.parallel import tensor_parallel
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tiny_llama_tp", LLAMA)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    full = LlamaForCausalLM(mod.config()).eval()
+    state = {k: v.clone() for k, v in full.state_dict().items()}
+    ids = torch.randint(0, 256, (1, 8))
+    with torch.no_grad():
+        want = full(input_ids=ids, use_cache=False).logits
+
+    def rank(r, lock):
+        with lock:
+            m = LlamaForCausalLM(mod.config()).eval()
+            m.load_state_dict(state)
+            m = tensor_parallel(m, 2)
+        with torch.no_grad():
+            return m(input_ids=ids, use_cache=False).logits
+    for got in _run_ranks(2, rank):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_parallel_projection_least_degree():
+    from solbound.bounds.provision import parallel_projection, resident_bytes
+    reps = {d: analyze_source(LLAMA, arch="h100-sxm", tp=d, modes=("fused",)) for d in (1, 2)}
+    assert reps[1].counts.collectives == []
+    fast = min(b.seconds for b in reps[2].bounds)
+    doc = parallel_projection(reps, target=fast * 1.0000001)
+    assert doc["least_tp"] == {"h100-sxm": 2}
+    row = next(r for r in doc["rows"] if r["tp"] == 2)
+    assert row["comm_share"] == pytest.approx(row["comm_seconds"] / row["no_overlap_seconds"])
+    assert row["resident_bytes"] == resident_bytes(reps[2]) < resident_bytes(reps[1])
