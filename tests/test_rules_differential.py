@@ -3,6 +3,7 @@
 compared with PyTorch through the validator.
 """
 
+import os
 import math
 
 import pytest
@@ -516,6 +517,14 @@ def test_every_rule_is_differentially_tested():
     from test_train import conv_step_inputs
     m, inp = conv_step_inputs()
     used |= lower(export_train_step(m, inp, "conv", optimizer_name="SGD")).rules_used
+    # collectives: validated on 4 ranks at once against PyTorch's threaded process group
+    # (real collectives) in tests/test_parallel.py (test_every_collective_kind_per_rank...)
+    from solbound.frontends.torch.capture import load_problem
+    from solbound.frontends.torch.distributed import fake_world
+    with fake_world(4):
+        m, inp, _ = load_problem(os.path.join(os.path.dirname(__file__), "programs",
+                                              "collectives_rank.py")).build_for_capture()
+        used |= lower(export_program(m, tuple(inp), "rank")).rules_used
     all_rules = {f.rule_id for f in RULES.values()}
     assert all_rules - used == set()
 

@@ -36,6 +36,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default=None, metavar="NAME",
                    help="with --train: a torch.optim class (default: the file's "
                         "make_optimizer(model), else AdamW with its defaults)")
+    _parallel_args(p)
+
+
+def _parallel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=None, metavar="N",
                    help="the program is written per rank (torch.distributed collectives): "
                         "trace it as rank 0 of N under a fake process group; counts and "
@@ -514,6 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     ir.add_argument("program")
     ir.add_argument("-o", "--output", help="output file (default stdout)")
     _routing_arg(ir)
+    _parallel_args(ir)
     ir.set_defaults(fn=cmd_ir)
 
     ex = sub.add_parser("explain", help="show how a kernel's numbers were derived")

@@ -74,9 +74,3 @@ def _all_to_all(ctx: OpCtx) -> None:
 @rule("_c10d_functional.wait_tensor")
 def _wait(ctx: OpCtx) -> None:
     ctx.bind(ctx.args[0])
-
-
-@rule("_c10d_functional.broadcast")
-def _broadcast(ctx: OpCtx) -> None:
-    raise LoweringError("broadcast: not modelled yet (a broadcast from one rank; use "
-                        "all_gather or all_reduce)")
