@@ -1,6 +1,11 @@
 import os
 import sys
 
+# several CPU devices for JAX (a shard_map program is validated on a mesh of them); set
+# before JAX starts, as the CLI does
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+
 import pytest
 import torch
 

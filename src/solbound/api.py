@@ -208,7 +208,11 @@ def _analyze_jax(fn, args, *, arch=None, precision_policy=None, source=None,
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"export_s": time.perf_counter() - t0}, cache=cache,
                           modes=modes)
-    if validate:
+    rep.world_size = getattr(lowered, "world_size", 1)
+    if validate and rep.world_size > 1:
+        from .frontends.jax.reference import validate_shard_map
+        rep.validation = validate_shard_map(lowered, fn, tuple(args), seed=seed)
+    elif validate:
         from .frontends.jax.reference import validate_within_budget
         rep.validation = validate_within_budget(lowered, fn, tuple(args), seed=seed,
                                                 max_bytes=max_bytes, max_seconds=max_seconds)

@@ -625,6 +625,11 @@ EXIT_OK, EXIT_VALIDATION_FAILED, EXIT_BAD_INPUT, EXIT_UNCOUNTED, EXIT_INTERNAL =
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a JAX shard_map program is validated on a mesh of CPU devices: ask XLA for eight
+    # host devices before JAX starts (no effect once it has, nor on accelerators)
+    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   " --xla_force_host_platform_device_count=8").strip()
     args = build_parser().parse_args(argv)
     if getattr(args, "optimizer", None) and not getattr(args, "train", False):
         return _err("--optimizer chooses the training step's optimizer: add --train")

@@ -54,3 +54,8 @@ class LoweredProgram:
     # stacks of repeated layers traced once and run as a sequential loop
     # (frontends/torch/stacks.py): {"module", "layers", "period", "traced", "trip", ...}
     rerolled: list[dict] = field(default_factory=list)
+    # a program of one rank among ``world_size`` (collectives; ``ir/collectives.py``); a
+    # JAX shard_map also records its mesh ({axis: size}) and each input's and output's
+    # partition spec, for validation on every device
+    world_size: int = 1
+    mesh: dict | None = None

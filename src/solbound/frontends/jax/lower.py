@@ -205,6 +205,7 @@ class JaxLowering:
         self.arg_names = arg_names
         self.roles = roles or ["input"] * len(arg_names)     # per argument leaf
         self.phases = phases                                 # per top-level equation (a step)
+        self.mesh: dict | None = None                        # shard_map's {axis: size}
         self.env: dict = {}
         self.tensors: dict[str, TensorDecl] = {}
         self.kernels: list[Kernel] = []
@@ -686,6 +687,51 @@ def _read_vars(jaxpr, acc=None):
 
 
 
+def spmd_body(closed):
+    """The program of one device when the whole function is a ``shard_map`` (possibly
+    inside ``jit``): ``(body as a closed jaxpr, {mesh axis: size}, {"in_specs", "out_specs"})``;
+    ``None`` without a ``shard_map``. A ``shard_map`` that is part of a larger function is
+    refused: what runs outside it runs on global arrays, which a per-device program does
+    not describe."""
+    import jax
+    jaxpr, consts = closed.jaxpr, closed.consts
+    while (len(jaxpr.eqns) == 1 and jaxpr.eqns[0].primitive.name in ("pjit", "jit")
+           and list(jaxpr.eqns[0].invars) == list(jaxpr.invars)
+           and list(jaxpr.eqns[0].outvars) == list(jaxpr.outvars)):
+        inner = jaxpr.eqns[0].params["jaxpr"]
+        jaxpr, consts = inner.jaxpr, inner.consts
+    found = _find_shard_map(closed.jaxpr)
+    if not found:
+        return None
+    eq = jaxpr.eqns[0] if len(jaxpr.eqns) == 1 else None
+    if (eq is None or eq.primitive.name != "shard_map" or consts
+            or list(eq.invars) != list(jaxpr.invars) or list(eq.outvars) != list(jaxpr.outvars)):
+        raise FrontendError(f"shard_map at {found}: it must be the whole function (the "
+                            f"program each device runs); work outside it on global arrays is "
+                            f"not modelled per device")
+    mesh = eq.params["mesh"]
+    axes = {str(a): int(n) for a, n in dict(mesh.shape).items()}
+    body = eq.params["jaxpr"]
+    from jax.extend.core import ClosedJaxpr
+    closed_body = body if hasattr(body, "consts") else ClosedJaxpr(body, [])
+    specs = {"in_specs": [tuple(s) if s is not None else () for s in eq.params["in_specs"]],
+             "out_specs": [tuple(s) if s is not None else () for s in eq.params["out_specs"]]}
+    return closed_body, axes, specs
+
+
+def _find_shard_map(jaxpr) -> str:
+    for e in jaxpr.eqns:
+        if e.primitive.name == "shard_map":
+            return _src(e) or "?"
+        for v in e.params.values():
+            inner = getattr(v, "jaxpr", None)
+            if inner is not None and hasattr(inner, "eqns"):
+                hit = _find_shard_map(inner)
+                if hit:
+                    return hit
+    return ""
+
+
 def trace(fn, args, leaf_args: list | None = None) -> tuple[Any, list[str]]:
     """(closed jaxpr, a name per flattened argument leaf) of ``fn(*args)`` on abstract values.
     ``leaf_args``, when given, receives the index of the argument each leaf belongs to."""
@@ -720,7 +766,16 @@ def lower(fn, args, train: bool = False, optimizer: str | None = None) -> Lowere
     from . import rules  # noqa: F401  (registers the rules)
     if not train:
         closed, names = trace(fn, args)
-        return JaxLowering(closed, names).run()
+        spmd = spmd_body(closed)
+        if spmd is None:
+            return JaxLowering(closed, names).run()
+        body, mesh, specs = spmd
+        low = JaxLowering(body, names)
+        low.mesh = mesh
+        res = low.run()
+        res.world_size = math.prod(mesh.values())
+        res.mesh = {"axes": mesh, **specs}
+        return res
     import jax
     from . import train as step
     if len(args) < 2:

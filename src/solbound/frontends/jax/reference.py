@@ -376,3 +376,88 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
                          f"parameters such as a negative variance, or a constant result): "
                          f"agreeing with it proves little; pass real values to check")
     return res
+
+
+def _block(a: np.ndarray, spec: tuple, axes: dict, coords: dict) -> np.ndarray:
+    """The block of global array ``a`` a device at mesh ``coords`` holds under partition
+    ``spec`` (one entry per leading dimension: ``None``, an axis, or a tuple of axes)."""
+    a = np.asarray(a)
+    for d, entry in enumerate(spec):
+        if entry is None:
+            continue
+        names = entry if isinstance(entry, tuple) else (entry,)
+        parts, idx = 1, 0
+        for name in names:
+            idx = idx * axes[name] + coords[name]
+            parts *= axes[name]
+        size = a.shape[d] // parts
+        a = np.take(a, range(idx * size, (idx + 1) * size), axis=d)
+    return a
+
+
+def validate_shard_map(lowered, fn, args, seed: int = 0) -> dict:
+    """A ``shard_map`` program (one device's IR) against the function run by JAX on a
+    mesh of real CPU devices: every device's block of the inputs fed to its rank's IR, the
+    ranks run at once (``execute_spmd``), each rank's outputs compared with its block of
+    JAX's outputs (``in_specs``/``out_specs`` say which block)."""
+    import jax
+    from ...ir.execute import ExecutionError, execute_spmd
+    from ...validate.compare import EPS, compare, max_reduction, tolerance
+    t0 = time.perf_counter()
+    mesh_info = lowered.mesh
+    axes = mesh_info["axes"]
+    n = lowered.world_size
+    devs = jax.devices()
+    if len(devs) < n:
+        return {"status": "skipped", "seconds": 0.0,
+                "reason": f"the mesh has {n} devices and JAX sees {len(devs)}: run with "
+                          f"XLA_FLAGS=--xla_force_host_platform_device_count={n} (set before "
+                          f"JAX starts) to validate on CPU devices"}
+    if lowered.unsupported:
+        return {"status": "skipped", "seconds": 0.0, "reason": "unsupported operators"}
+    values = real_args(args, seed)
+    leaves = [np.asarray(_plain(v)) for v in jax.tree_util.tree_leaves(values)]
+    mesh = jax.sharding.Mesh(np.array(devs[:n]).reshape(tuple(axes.values())), tuple(axes))
+    try:
+        flat, tree = jax.tree_util.tree_flatten(values)
+        placed = [jax.device_put(v, jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec(*s))) for v, s in zip(flat, mesh_info["in_specs"])]
+        with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else mesh:
+            out = fn(*jax.tree_util.tree_unflatten(tree, placed))
+    except Exception as e:  # noqa: BLE001 - the reference, not the IR, failed
+        return {"status": "inconclusive", "seconds": time.perf_counter() - t0,
+                "reason": f"running the function on a mesh of {n} CPU devices failed: "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    outs = [np.asarray(_plain(o)) for o in jax.tree_util.tree_leaves(out)]
+    names = list(axes)
+    feeds, golden = [], []
+    for r in range(n):
+        coords, rest = {}, r
+        for name in reversed(names):
+            coords[name] = rest % axes[name]
+            rest //= axes[name]
+        feeds.append({spec["ir"]: _block(v, s, axes, coords)
+                      for spec, v, s in zip(lowered.inputs, leaves, mesh_info["in_specs"])
+                      if spec.get("ir")})
+        golden.append([_golden(_block(o, s, axes, coords))
+                       for o, s in zip(outs, mesh_info["out_specs"])])
+    p = lowered.program
+    dtypes = [t.dtype for t in p.tensors if t.role == "output"]
+    src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
+    tol = tolerance(src_dtype, max_reduction(p), len(lowered.groups))
+    try:
+        arrays = execute_spmd(p, feeds)
+    except ExecutionError as e:
+        return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
+                "seconds": time.perf_counter() - t0}
+    per_rank = [compare(lowered, a, g, tol) for a, g in zip(arrays, golden)]
+    ok = all(o["ok"] for outs_r in per_rank for o in outs_r)
+    worst = max((o["worst_rel_error"] or 0.0 for outs_r in per_rank for o in outs_r),
+                default=0.0)
+    return {"status": "passed" if ok else "failed", "tolerance": tol, "outputs": per_rank[0],
+            "ranks": n,
+            "failed_ranks": [r for r, o in enumerate(per_rank) if not all(x["ok"] for x in o)],
+            "reference": f"the function run by JAX on a mesh of {n} CPU devices, each rank's "
+                         f"IR against its device's blocks",
+            "summary": f"worst relative error {worst:.3g} over {n} ranks (tolerance {tol:.3g})",
+            "seconds": time.perf_counter() - t0}

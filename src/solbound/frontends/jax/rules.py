@@ -1032,3 +1032,168 @@ rule("scatter-add", "scatter_add")(_scatter("sum"))
 rule("scatter-mul", "scatter_mul")(_scatter("prod"))
 rule("scatter-max", "scatter_max")(_scatter("max"))
 rule("scatter-min", "scatter_min")(_scatter("min"))
+
+
+# --- collectives inside shard_map (ir/collectives.py) -----------------------------------
+
+def _group(ctx: Ctx, names) -> tuple[int, tuple[int, ...]]:
+    """(size, global ranks of rank 0's group) of a collective over mesh ``names``; ranks
+    number the mesh's devices row-major over its axes."""
+    mesh = ctx.low.mesh
+    if not mesh:
+        raise JaxLoweringError("a collective outside shard_map (pmap and named axes of vmap "
+                               "are not modelled)")
+    names = tuple(names) if isinstance(names, (tuple, list)) else (names,)
+    unknown = [n for n in names if str(n) not in mesh]
+    if unknown:
+        raise JaxLoweringError(f"axis {unknown[0]!r} is not an axis of the mesh "
+                               f"({', '.join(mesh)})")
+    if ctx.params.get("axis_index_groups") is not None:
+        raise JaxLoweringError("axis_index_groups: only groups over whole mesh axes are modelled")
+    axes = list(mesh.items())
+    strides, acc = {}, 1
+    for a, n in reversed(axes):
+        strides[a] = acc
+        acc *= n
+    ranks = [0]
+    for a in (str(n) for n in names):
+        ranks = [r + i * strides[a] for r in ranks for i in range(mesh[a])]
+    return len(ranks), tuple(sorted(ranks))
+
+
+def _moved(ctx: Ctx, v: JView, shape: tuple, index) -> JView:
+    """A fresh tensor of ``shape`` whose element at the loop variables ``d*`` is ``v`` at
+    ``index(vars)`` (a copy in the collective's own operator)."""
+    out = ctx.low.new_base("shard", tuple(int(n) for n in shape), ctx.low.tensors[v.base].dtype)
+    dims = _dims(out.shape)
+    ctx.emit(out, dims, _vars(dims), ctx.load(v, index(_vars(dims))))
+    return out
+
+
+def _front(ctx: Ctx, x: JView, dim: int, insert: bool = False) -> JView:
+    """``x`` with dimension ``dim`` first (``insert``: a new leading dimension of 1)."""
+    shape = tuple(x.shape)
+    if insert:
+        return _moved(ctx, x, (1,) + shape, lambda v: v[1:])
+    if dim == 0 and x.is_full(ctx.low.tensors[x.base].shape):
+        return x
+    new = (shape[dim],) + shape[:dim] + shape[dim + 1:]
+    return _moved(ctx, x, new, lambda v: v[1:dim + 1] + [v[0]] + v[dim + 1:])
+
+
+def _back(ctx: Ctx, y: JView, dim: int) -> JView:
+    """``y`` (its first dimension the moved one) with that dimension put back at ``dim``."""
+    if dim == 0:
+        return y
+    shape = tuple(y.shape)
+    new = shape[1:dim + 1] + (shape[0],) + shape[dim + 1:]
+    return _moved(ctx, y, new, lambda v: [v[dim]] + v[:dim] + v[dim + 1:])
+
+
+def _collective(ctx: Ctx, kind: str, x: JView, lead: int, params: dict) -> JView:
+    """The collective on ``x`` (dimension 0 the one it works along) with a result whose
+    first dimension is ``lead``."""
+    from ...ir.collectives import check
+    out = ctx.low.new_base(kind, (int(lead),) + tuple(x.shape[1:]),
+                           ctx.low.tensors[x.base].dtype)
+    why = check(kind, params, tuple(x.shape), tuple(out.shape))
+    if why:
+        raise JaxLoweringError(why)
+    dims = _dims(out.shape)
+    ops_dims = [(f"a0_{i}", n) for i, n in enumerate(x.shape)]
+    ctx.emit_library(out, dims + ops_dims, _vars(dims), ctx.load(x, _vars(ops_dims)),
+                     (kind, tuple({**params, "cost": True}.items())))
+    return out
+
+
+@rule("psum", "psum_invariant", "pmax", "pmin")
+def psum(ctx: Ctx) -> None:
+    """``lax.psum`` (``pmax``, ``pmin``) over mesh axes: an all-reduce of each operand."""
+    n, group = _group(ctx, ctx.params.get("axes", ctx.params.get("axis_name", ())))
+    op = {"pmax": "max", "pmin": "min"}.get(ctx.eqn.primitive.name, "sum")
+    outs = []
+    for a in ctx.args:
+        x = _as_view(ctx, a)
+        if not x.shape:
+            x = _front(ctx, x, 0, insert=True)
+            y = _collective(ctx, "all_reduce", x, 1, {"ranks": n, "group": group, "op": op})
+            outs.append(_moved(ctx, y, (), lambda v: [0]))
+            continue
+        x = _front(ctx, x, 0)
+        outs.append(_collective(ctx, "all_reduce", x, x.shape[0],
+                                {"ranks": n, "group": group, "op": op}))
+    ctx.bind(*outs)
+
+
+@rule("all_gather")
+def all_gather(ctx: Ctx) -> None:
+    """``lax.all_gather`` along ``all_gather_dimension`` (tiled: concatenated along it;
+    otherwise stacked on a new dimension there)."""
+    n, group = _group(ctx, ctx.params["axis_name"])
+    dim, tiled = int(ctx.params["all_gather_dimension"]), ctx.params.get("tiled", False)
+    x = _as_view(ctx, ctx.args[0])
+    if tiled:
+        y = _collective(ctx, "all_gather", _front(ctx, x, dim), n * x.shape[dim],
+                        {"ranks": n, "group": group})
+    else:
+        y = _collective(ctx, "all_gather", _front(ctx, x, dim, insert=True), n,
+                        {"ranks": n, "group": group})
+    ctx.bind(_back(ctx, y, dim))
+
+
+@rule("reduce_scatter")
+def reduce_scatter(ctx: Ctx) -> None:
+    """``lax.psum_scatter`` along ``scatter_dimension`` (tiled: that dimension split in
+    ``n`` blocks; otherwise its size is ``n`` and it disappears)."""
+    n, group = _group(ctx, ctx.params["axis_name"])
+    dim, tiled = int(ctx.params["scatter_dimension"]), ctx.params.get("tiled", False)
+    x = _as_view(ctx, ctx.args[0])
+    y = _collective(ctx, "reduce_scatter", _front(ctx, x, dim), x.shape[dim] // n,
+                    {"ranks": n, "group": group, "op": "sum"})
+    if tiled:
+        ctx.bind(_back(ctx, y, dim))
+    else:                                  # y is (1, ...): drop that dimension
+        ctx.bind(_moved(ctx, y, tuple(y.shape[1:]), lambda v: [0] + v))
+
+
+@rule("all_to_all")
+def all_to_all(ctx: Ctx) -> None:
+    """``lax.all_to_all`` with ``split_axis == concat_axis`` (tiled): block ``j`` of every
+    rank's operand goes to rank ``j``."""
+    n, group = _group(ctx, ctx.params["axis_name"])
+    split, concat = int(ctx.params["split_axis"]), int(ctx.params["concat_axis"])
+    if split != concat or not ctx.params.get("tiled", False):
+        raise JaxLoweringError("all_to_all with split_axis != concat_axis or untiled: only "
+                               "the tiled exchange along one axis is modelled")
+    x = _as_view(ctx, ctx.args[0])
+    y = _collective(ctx, "all_to_all", _front(ctx, x, split), x.shape[split],
+                    {"ranks": n, "group": group})
+    ctx.bind(_back(ctx, y, split))
+
+
+@rule("ppermute")
+def ppermute(ctx: Ctx) -> None:
+    """``lax.ppermute``: each rank sends its operand to one other and receives one (pairs
+    ``(source, destination)`` over positions along the axis)."""
+    names = ctx.params["axis_name"]
+    names = tuple(names) if isinstance(names, (tuple, list)) else (names,)
+    if len(names) != 1:
+        raise JaxLoweringError("ppermute over several mesh axes")
+    n, group = _group(ctx, names)
+    perm = tuple((int(a), int(b)) for a, b in ctx.params["perm"])
+    outs = []
+    for a in ctx.args:
+        x = _as_view(ctx, a)
+        if not x.shape:
+            raise JaxLoweringError("ppermute of a scalar")
+        x = _front(ctx, x, 0)
+        outs.append(_collective(ctx, "permute", x, x.shape[0],
+                                {"ranks": n, "group": group, "perm": perm}))
+    ctx.bind(*outs)
+
+
+@rule("pvary", "pbroadcast")
+def pvary(ctx: Ctx) -> None:
+    """``pvary``: shard_map's type-level mark that a value varies over mesh axes
+    (``check_vma``); the value itself is unchanged."""
+    ctx.bind(*ctx.args)
