@@ -279,3 +279,100 @@ def test_parallel_projection_least_degree():
     row = next(r for r in doc["rows"] if r["tp"] == 2)
     assert row["comm_share"] == pytest.approx(row["comm_seconds"] / row["no_overlap_seconds"])
     assert row["resident_bytes"] == resident_bytes(reps[2]) < resident_bytes(reps[1])
+
+
+# --- JAX: shard_map over a mesh ------------------------------------------------------------
+
+JAX_MLP = os.path.join(ROOT, "examples", "parallel", "jax_tp_mlp.py")
+
+
+def test_jax_twin_of_the_tensor_parallel_mlp():
+    jx = analyze_source(JAX_MLP, arch="h100-sxm,a100-sxm")
+    pt = analyze_source(TP_MLP, arch="h100-sxm,a100-sxm", world_size=8)
+    assert jx.world_size == pt.world_size == 8
+    assert jx.counts.macs == pt.counts.macs == 2 * 16 * 4096 * (16384 // 8)
+    assert [(c.kind, c.bytes, c.ranks) for c in jx.counts.collectives] == \
+        [(c.kind, c.bytes, c.ranks) for c in pt.counts.collectives] == [("all_reduce", 131072, 8)]
+    for arch in ("h100-sxm", "a100-sxm"):
+        assert jx.bound(arch).comm_seconds == pt.bound(arch).comm_seconds
+
+
+def _kinds_fn(n=4, check_vma=False):
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AbstractMesh, PartitionSpec as P
+    mesh = AbstractMesh((n,), ("x",))
+
+    def f(x, w1, w2):
+        def body(x, w1, w2):
+            y = jnp.tanh(x @ w1) @ w2                       # (8, 16) per device
+            y = jax.lax.psum(y, "x")
+            g = jax.lax.all_gather(y, "x", axis=1, tiled=True)
+            s = jax.lax.psum_scatter(y, "x", scatter_dimension=0, tiled=True)
+            p = jax.lax.ppermute(y, "x", perm=[(i, (i + 1) % n) for i in range(n)])
+            a = jax.lax.all_to_all(y, "x", 0, 0, tiled=True)
+            return y, g, s, p, a
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(None, "x"), P("x", None)),
+                             out_specs=(P(), P(), P("x"), P("x"), P("x")),
+                             check_vma=check_vma)(x, w1, w2)
+    args = (jax.ShapeDtypeStruct((8, 16), jnp.float32),
+            jax.ShapeDtypeStruct((16, 32), jnp.float32),
+            jax.ShapeDtypeStruct((32, 16), jnp.float32))
+    return f, args
+
+
+def test_jax_collectives_closed_form_and_validated_on_devices():
+    f, args = _kinds_fn()
+    rep = solbound.analyze(f, args, arch="h100-sxm", validate=True)
+    assert rep.counts.macs == 8 * 16 * 8 + 8 * 8 * 16
+    y = 8 * 16 * 4
+    assert [(c.kind, c.bytes) for c in rep.counts.collectives] == [
+        ("all_reduce", y), ("all_gather", 4 * y), ("reduce_scatter", y), ("permute", y),
+        ("all_to_all", y)]
+    link = (y * 3 / 4 + 4 * y * 3 / 4 + y * 3 / 4 + y + y * 3 / 4) / 450e9
+    assert rep.bound("h100-sxm").comm_seconds == pytest.approx(link, rel=1e-12)
+    v = rep.validation
+    assert v["status"] == "passed" and v["ranks"] == 4 and v["failed_ranks"] == [], v
+
+
+def test_jax_mesh_axes_and_whole_function_rule():
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AbstractMesh, PartitionSpec as P
+    from solbound.frontends.contract import FrontendError
+    mesh = AbstractMesh((2, 4), ("dp", "tp"))
+
+    def f(x):
+        def body(x):
+            return jax.lax.psum(x, "tp"), jax.lax.psum(x, "dp")
+        return jax.shard_map(body, mesh=mesh, in_specs=P("dp", "tp"),
+                             out_specs=(P("dp"), P(None, "tp")), check_vma=False)(x)
+    rep = solbound.analyze(f, (jax.ShapeDtypeStruct((4, 8), jnp.float32),), arch="h100-sxm")
+    assert rep.world_size == 8
+    # rank 0's groups, ranks numbered row-major over (dp, tp)
+    assert [(c.ranks, c.group) for c in rep.counts.collectives] == [(4, (0, 1, 2, 3)),
+                                                                      (2, (0, 4))]
+
+    def partly(x):
+        return jnp.sin(f(x)[0])
+    with pytest.raises(FrontendError, match="shard_map at .*: it must be the whole function"):
+        solbound.analyze(partly, (jax.ShapeDtypeStruct((4, 8), jnp.float32),))
+
+
+# --- data parallelism: the training step's gradient all-reduce ---------------------------
+
+def test_data_parallel_step_all_reduces_every_gradient():
+    mlp = os.path.join(ROOT, "examples", "train_mlp.py")
+    one = analyze_source(mlp, arch="h100-sxm,a100-sxm", train=True)
+    dp = analyze_source(mlp, arch="h100-sxm,a100-sxm", train=True, dp=8)
+    d_in, d_hidden, d_out = 256, 1024, 16
+    grads = [d_hidden * d_in * 4, d_hidden * 4, d_out * d_hidden * 4, d_out * 4]  # fp32
+    assert [(c.kind, c.bytes, c.ranks, c.reduce) for c in dp.counts.collectives] == \
+        [("all_reduce", g, 8, "avg") for g in grads]
+    assert dp.counts.macs == one.counts.macs                # the per-rank step is the same
+    assert dp.bound("h100-sxm").comm_seconds == pytest.approx(sum(grads) * 7 / 8 / 450e9)
+    assert dp.bound("a100-sxm").comm_seconds == pytest.approx(sum(grads) * 2 * 7 / 8 / 300e9)
+    assert dp.validation["status"] == "not requested"
+    from solbound.frontends.contract import FrontendError
+    with pytest.raises(FrontendError, match="--dp 8: data parallelism adds the training step"):
+        analyze_source(mlp, dp=8)

@@ -237,7 +237,7 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    routing: str | None = None, select_fraction: float | None = None,
                    cache=None, train: bool = False, optimizer=None, reroll: bool = True,
                    params: dict | None = None, modes=None, world_size: int | None = None,
-                   tp: int | None = None, **validate_opts) -> Report:
+                   tp: int | None = None, dp: int | None = None, **validate_opts) -> Report:
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``; a file that
     defines ``example()`` returning ``(function, args)`` (and no ``Model``) is a JAX program.
     ``train``/``optimizer``: the training step (see :func:`analyze`); the file may define
@@ -249,11 +249,14 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
     many under a fake process group (``frontends/torch/distributed.py``), and the counts and
     bounds are one rank's, with its collectives' link time. ``tp``: a transformers model
     sharded by its own tensor-parallel plan over that many ranks
-    (``frontends/torch/parallel.py``)."""
-    world = _world(world_size, tp)
+    (``frontends/torch/parallel.py``). ``dp`` (with ``train``): the step of one of that
+    many data-parallel ranks, its gradients averaged by an all-reduce each."""
+    import contextlib
+    world = _world(world_size, tp, dp, train)
     if world > 1:
         from .frontends.torch.distributed import fake_world
-        with fake_world(world):
+        from .frontends.torch.train import data_parallel
+        with fake_world(world), data_parallel(dp) if dp else contextlib.nullcontext():
             rep = _analyze_source(spec, arch, precision_policy, False, keep_experts_dispatch,
                                   routing, select_fraction, cache, train, optimizer, reroll,
                                   params, modes, tp or 1, validate_opts)
@@ -273,9 +276,18 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                            modes, 1, validate_opts)
 
 
-def _world(world_size: int | None, tp: int | None) -> int:
+def _world(world_size: int | None, tp: int | None, dp: int | None = None,
+           train: bool = False) -> int:
     from .frontends.contract import FrontendError
-    for name, v in (("--world-size", world_size), ("--tp", tp)):
+    if dp and not train:
+        raise FrontendError(f"--dp {dp}: data parallelism adds the training step's gradient "
+                            f"all-reduce: add --train")
+    if dp and (tp or world_size and world_size != dp):
+        raise FrontendError(f"--dp {dp} with --tp/--world-size: only one parallelism over the "
+                            f"whole world is modelled")
+    if dp:
+        world_size = dp
+    for name, v in (("--world-size", world_size), ("--tp", tp), ("--dp", dp)):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise FrontendError(f"{name} {v!r}: expected a positive integer")
     if world_size and tp and world_size % tp:

@@ -48,6 +48,9 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
                    help="shard a transformers model N ways by its own tensor-parallel plan "
                         "(base_model_tp_plan); per-rank counts and bounds (project and "
                         "provision take a list: 1,2,4,8)")
+    p.add_argument("--dp", type=int, default=None, metavar="N",
+                   help="with --train: the step of one of N data-parallel ranks, each "
+                        "gradient averaged by an all-reduce before the optimizer")
 
 
 def _degrees(text: str) -> list[int]:
@@ -116,7 +119,7 @@ def cmd_analyze(a) -> int:
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer,
                          reroll=not getattr(a, "no_reroll", False), world_size=a.world_size,
-                         tp=_tp(a), **_vopts(a))
+                         tp=_tp(a), dp=a.dp, **_vopts(a))
     if a.measure:
         from .frontends.torch.capture import load_problem
         from .frontends.torch.timing import MeasureError, measure_problem

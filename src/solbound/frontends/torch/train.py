@@ -323,6 +323,24 @@ def _buffer_name(i: int, key: str = "") -> str:
     return f"p{i}" + (f"_{re.sub(r'[^0-9a-zA-Z_]', '_', key)}" if key else "")
 
 
+# data parallelism (``--dp N``): the step's gradients are averaged over this many ranks by
+# an all-reduce each before the optimizer uses them (DDP's semantics; its bucketing moves
+# the same bytes), set by ``data_parallel``
+_DP = {"ranks": 1}
+
+
+@contextlib.contextmanager
+def data_parallel(ranks: int):
+    """Trace training steps as one rank of ``ranks`` data-parallel ones (a process group of
+    that many ranks must be initialized: ``distributed.fake_world``)."""
+    old = _DP["ranks"]
+    _DP["ranks"] = ranks
+    try:
+        yield
+    finally:
+        _DP["ranks"] = old
+
+
 def export_optimizer(opt, model, trained: list[str], state: dict[str, dict], source: str):
     """``opt.step()`` exported in steady state: a module holding the trained parameters
     and their state as buffers, taking the gradients; every update is a buffer
@@ -356,6 +374,10 @@ def export_optimizer(opt, model, trained: list[str], state: dict[str, dict], sou
                 self.keys[n] = tensors
 
         def forward(self, *grads):
+            if _DP["ranks"] > 1:
+                import torch.distributed as dist
+                import torch.distributed._functional_collectives as funcol
+                grads = tuple(funcol.all_reduce(g, "avg", dist.group.WORLD) for g in grads)
             ps = {n: getattr(self, _buffer_name(i)) for n, i in index.items()}
             st = defaultdict(dict)
             for n, i in index.items():
