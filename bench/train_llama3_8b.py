@@ -10,7 +10,10 @@ would show if its FLOPs were counted the way MFU counts them (6 N D, or the step
 FLOPs). ``--layers N`` analyzes N layers (the others are identical: the counts of the
 32-layer model are linear in N, which the closed forms in docs/training.md use).
 
-    python bench/train_llama3_8b.py [--layers 32] [--tokens 4096] [--no-reroll]
+    python bench/train_llama3_8b.py [--layers 32] [--tokens 4096] [--no-reroll] [--dp 8]
+
+``--dp N``: the step of one of N data-parallel ranks (each gradient averaged by an
+all-reduce before AdamW); prints the collectives' payload and link time per chip.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--dp", type=int, default=None, help="data-parallel ranks")
     ap.add_argument("--no-reroll", action="store_true",
                     help="trace every layer (by default two are traced and rerolled)")
     a = ap.parse_args()
@@ -63,7 +67,7 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     t0 = time.perf_counter()
     rep = solbound.analyze(Step(model), (ids, ids), arch=CHIPS, train=True,
-                           reroll=not a.no_reroll)
+                           reroll=not a.no_reroll, dp=a.dp)
     secs = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     tr = rep.training
@@ -89,8 +93,15 @@ def main() -> None:
                    f"products (2 x MACs) {2 * rep.counts.macs / b.seconds / peak:.3f}"
                    if peak else "")
             fits = m["fits"].get(b.arch, {}).get("fits")
+            comm = (f"; link {b.comm_seconds * 1e3:.2f} ms, without overlap "
+                    f"{b.no_overlap_seconds * 1e3:.2f} ms" if b.comm_seconds else "")
             print(f"  {b.arch:10s} {b.mode:11s} {b.seconds * 1e3:9.2f} ms ({b.bound}){mfu}"
-                  f"{'' if fits is not False else '; does NOT fit in DRAM'}")
+                  f"{comm}{'' if fits is not False else '; does NOT fit in DRAM'}")
+    if rep.counts.collectives:
+        total = sum(c.bytes * c.calls for c in rep.counts.collectives)
+        kinds = sorted({(c.kind, c.reduce) for c in rep.counts.collectives})
+        print(f"  collectives: {len(rep.counts.collectives)} ({kinds}), payload {total:,} B "
+              f"per rank per step")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"layers": a.layers, "tokens": a.tokens, "seconds": secs, "rss_gib": rss,

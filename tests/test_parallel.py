@@ -70,6 +70,27 @@ def test_factors_and_links():
         link(load_spec("h100-pcie"), 2)
 
 
+def test_a_group_across_domains_is_hierarchical():
+    """16 ranks on 8-GPU H100 boards: an all-reduce moves (8-1)/8 of its payload over
+    NVLink (NVLS) inside the board and the 2-board all-reduce of an eighth of it over
+    InfiniBand; the bound is the slower of the two, never the whole payload over IB."""
+    from solbound.bounds.comm import hops
+    h100, p = load_spec("h100-sxm"), 16 * 4096 * 2
+    rep = analyze_source(TP_MLP, arch="h100-sxm", world_size=16)
+    (c,) = rep.counts.collectives
+    assert c.bytes == p and c.ranks == 16
+    assert rep.bound("h100-sxm").comm_seconds == pytest.approx(
+        max(p * 7 / 8 / 450e9, (p // 8) * 2 * 1 / 2 / 50e9), rel=1e-12)
+    # a data-parallel group strided across boards (one member per board): all over IB
+    assert hops(h100, "all_reduce", (0, 8, 16, 24), p) == [("scale_out", 1.5, p, 50e9)]
+    assert hops(h100, "all_to_all", tuple(range(16)), p) == [
+        ("scale_up", 7 / 8, p, 450e9), ("scale_out", 8 / 16, p, 50e9)]
+    # a permute between boards crosses; one inside a board does not
+    ring = tuple((i, (i + 1) % 16) for i in range(16))
+    assert hops(h100, "permute", tuple(range(16)), p, ring)[0][0] == "scale_out"
+    assert hops(h100, "permute", tuple(range(16)), p, ((0, 1), (1, 0)))[0][0] == "scale_up"
+
+
 # --- the IR: collective kernels, their text and their execution ------------------------
 
 IR = '''

@@ -47,7 +47,7 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
             keep_experts_dispatch: bool = False, routing: str | None = None,
             select_fraction: float | None = None, cache=None, train: bool = False,
             optimizer=None, problem_module=None, reroll: bool = True, modes=None,
-            **validate_opts) -> Report:
+            dp: int | None = None, **validate_opts) -> Report:
     """Analyze ``module(*inputs)``: capture, lower to the loop IR, count, bound.
 
     ``train=True`` analyzes the training step instead (``frontends/torch/train.py``):
@@ -68,7 +68,24 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     bytes; default each chip's last-level cache). ``reroll``: a stack of identical layers
     (an ``nn.ModuleList`` of one structure) is traced for two layers and run as a loop
     over all of them (``frontends/torch/stacks.py``); ``False`` traces every layer.
+    ``dp`` (with ``train``): the step of one of that many data-parallel ranks, each
+    gradient averaged by an all-reduce (a fake process group of that size while tracing).
     """
+    if dp and dp > 1:
+        if not train:
+            from .frontends.contract import FrontendError
+            raise FrontendError(f"dp={dp}: data parallelism adds the training step's gradient "
+                                f"all-reduce: pass train=True")
+        from .frontends.torch.distributed import fake_world
+        from .frontends.torch.train import data_parallel
+        with fake_world(dp), data_parallel(dp):
+            rep = analyze(module, inputs, arch=arch, precision_policy=precision_policy,
+                          source=source, keep_experts_dispatch=keep_experts_dispatch,
+                          routing=routing, select_fraction=select_fraction, cache=cache,
+                          train=True, optimizer=optimizer, problem_module=problem_module,
+                          reroll=reroll, modes=modes)
+        rep.world_size = dp
+        return rep
     if not _is_torch_module(module) and callable(module):
         return _analyze_jax(module, inputs, arch=arch, precision_policy=precision_policy,
                             source=source, validate=validate, cache=cache, train=train,

@@ -303,6 +303,7 @@ class Collective:
     src: str
     group: tuple = ()
     reduce: str = ""
+    perm: tuple = ()          # a permute's (source, destination) positions
 
 
 def collectives(g: Graph, kcs: list[KernelCounts]) -> list[Collective]:
@@ -322,7 +323,8 @@ def collectives(g: Graph, kcs: list[KernelCounts]) -> list[Collective]:
         out.append(Collective(k.lib[0], nbytes, int(p.get("ranks", 1)),
                               k.loop[1] if k.loop is not None else 1, k.name, k.op,
                               k.opname, k.src, tuple(p.get("group") or ()),
-                              p.get("op", "") if k.lib[0] in ("all_reduce", "reduce_scatter") else ""))
+                              p.get("op", "") if k.lib[0] in ("all_reduce", "reduce_scatter") else "",
+                              tuple(tuple(x) for x in p.get("perm", ()))))
     return out
 
 

@@ -10,13 +10,25 @@ the bytes each rank must send (and receive) over its link, at least:
   every rank lacks or must hand off the other ranks' ``n - 1`` parts);
 * permute (a send and a receive): ``P``.
 
-The link is the chip's scale-up fabric (NVLink, Infinity Fabric, ICI) while the group fits
-in its domain, else the scale-out link (InfiniBand, Ethernet, DCN); bandwidths are per GPU
-and per direction (``[links]`` in the chip's spec). Communication overlaps compute and
-memory perfectly in the bound (``max``); the sum without overlap is given beside it.
+The link is the chip's scale-up fabric (NVLink, Infinity Fabric, ICI) while the group's
+ranks share one scale-up domain; bandwidths are per GPU and per direction (``[links]`` in
+the chip's spec). Ranks are numbered domain by domain (rank ``r`` in domain
+``r // domain``). A group that spans ``m`` domains with ``g`` members in each moves, at
+least, what crosses the domains over the scale-out link (InfiniBand, Ethernet, DCN): the
+``m``-rank collective over ``P / g`` per GPU (the ``g`` GPUs of a domain share its
+outbound data), ``(n - g) / n * P`` for an all-to-all; and inside each domain the
+``g``-rank collective over the scale-up link. The two run concurrently in a hierarchical
+algorithm, so the bound is their max (sending the whole payload over the scale-out link
+would not be a lower bound). Communication overlaps compute and memory perfectly in the
+bound (``max``); the sum without overlap is given beside it. No per-message latency is
+charged: a speed of light is a bandwidth bound.
 
 >>> factor("all_reduce", 8, False), factor("all_reduce", 8, True), factor("all_gather", 4, False)
 (1.75, 0.875, 0.75)
+>>> from solbound.hardware.catalog import load_spec
+>>> h100 = load_spec("h100-sxm")
+>>> hops(h100, "all_reduce", tuple(range(16)), 2**20)   # 2 domains of 8: max of both
+[('scale_up', 0.875, 1048576, 450000000000.0), ('scale_out', 1.0, 131072, 50000000000.0)]
 """
 
 from __future__ import annotations
@@ -66,6 +78,42 @@ def link(spec: Spec, ranks: int) -> Link:
     return Link("scale_out", float(ln["scale_out"]), False)
 
 
+def hops(spec: Spec, kind: str, group: tuple[int, ...], nbytes: int, perm=(),
+         ) -> list[tuple[str, float, float, float]]:
+    """``(link, factor, bytes it applies to, bandwidth)`` for each link a collective of
+    rank 0's ``group`` (global ranks) uses on ``spec``; its time is the max over them."""
+    ln = spec.links
+    if not ln.get("scale_up"):
+        link(spec, len(group))                   # raises the one-line error
+    domain = int(ln.get("scale_up_domain", 1))
+    n = len(group)
+    home = group[0] // domain if group else 0
+    local = [r for r in group if r // domain == home]
+    g, up = len(local), Link("scale_up", float(ln["scale_up"]),
+                             bool(ln.get("in_network_reduction")))
+    if kind == "permute":
+        pos = {r: i for i, r in enumerate(group)}
+        peers = [group[d] for s_, d in perm if s_ == pos.get(group[0])] + \
+            [group[s_] for s_, d in perm if d == pos.get(group[0])]
+        across = any(p // domain != home for p in peers)
+        if not across:
+            return [("scale_up", 1.0 if peers else 0.0, nbytes, up.bandwidth)]
+        out = link(spec, domain + 1)             # the scale-out link (or its error)
+        return [("scale_out", 1.0, nbytes, out.bandwidth)]
+    if g == n:
+        return [("scale_up", factor(kind, n, up.in_network), nbytes, up.bandwidth)]
+    out = link(spec, domain + 1)
+    m = -(-n // g)
+    rows = []
+    if g > 1:
+        rows.append(("scale_up", factor(kind, g, up.in_network), nbytes, up.bandwidth))
+    if kind == "all_to_all":
+        rows.append(("scale_out", (n - g) / n, nbytes, out.bandwidth))
+    else:
+        rows.append(("scale_out", factor(kind, m, False), nbytes // g, out.bandwidth))
+    return rows
+
+
 @dataclass(frozen=True)
 class CommTime:
     seconds: float
@@ -77,11 +125,12 @@ def comm_time(collectives, spec: Spec) -> CommTime:
     """Communication time of a rank's collectives on ``spec`` (zero without any)."""
     total, rows, widest = 0.0, [], None
     for c in collectives:
-        ln = link(spec, c.ranks)
-        f = factor(c.kind, c.ranks, ln.in_network)
-        t = c.bytes * c.calls * f / ln.bandwidth
+        group = c.group or tuple(range(c.ranks))
+        hs = hops(spec, c.kind, group, c.bytes, getattr(c, "perm", ()))
+        t = c.calls * max(f * b / bw for _, f, b, bw in hs)
         total += t
-        rows.append((c, ln, f, t))
+        rows.append((c, hs, t))
+        slowest = min(bw for _, _, _, bw in hs)
         if widest is None or c.ranks > widest[0]:
-            widest = (c.ranks, ln.bandwidth)
+            widest = (c.ranks, slowest)
     return CommTime(total, widest[1] if widest else 0.0, rows)
