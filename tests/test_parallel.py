@@ -397,3 +397,40 @@ def test_data_parallel_step_all_reduces_every_gradient():
     from solbound.frontends.contract import FrontendError
     with pytest.raises(FrontendError, match="--dp 8: data parallelism adds the training step"):
         analyze_source(mlp, dp=8)
+
+
+def test_tensor_parallel_attention_twins():
+    """The same causal attention block per rank in PyTorch and in a JAX shard_map: equal
+    per-rank MACs (column-sharded heads, the causal triangle), one all-reduce of the
+    output, both validated on 4 ranks."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AbstractMesh, PartitionSpec as P
+    t, d, h, hd, n = 16, 64, 8, 8, 4
+    path = os.path.join(HERE, "programs", "tp_attention.py")
+    pt = analyze_source(path, arch="h100-sxm", world_size=n, validate=True)
+    mesh = AbstractMesh((n,), ("tp",))
+
+    def block(x, wq, wk, wv, wo):
+        def rank(x, wq, wk, wv, wo):
+            hl = wq.shape[1] // hd
+            q, k, v = ((x @ w).reshape(t, hl, hd).transpose(1, 0, 2) for w in (wq, wk, wv))
+            s = jnp.einsum("htd,hsd->hts", q, k) / hd ** 0.5
+            s = jnp.where(jnp.tril(jnp.ones((t, t), bool)), s, -jnp.inf)
+            o = jnp.einsum("hts,hsd->htd", jax.nn.softmax(s, axis=-1), v)
+            return jax.lax.psum(o.transpose(1, 0, 2).reshape(t, hl * hd) @ wo, "tp")
+        col, row = P(None, "tp"), P("tp", None)
+        return jax.shard_map(rank, mesh=mesh, in_specs=(P(), col, col, col, row),
+                             out_specs=P())(x, wq, wk, wv, wo)
+    f32 = jnp.float32
+    args = (jax.ShapeDtypeStruct((t, d), f32),) + tuple(
+        jax.ShapeDtypeStruct((d, h * hd), f32) for _ in range(3)) + (
+        jax.ShapeDtypeStruct((h * hd, d), f32),)
+    jx = solbound.analyze(block, args, arch="h100-sxm", validate=True)
+    hl = h // n
+    macs = 3 * t * d * hl * hd + 2 * hl * hd * t * (t + 1) // 2 + t * hl * hd * d
+    assert pt.counts.macs == jx.counts.macs == macs
+    for rep in (pt, jx):
+        assert [(c.kind, c.bytes, c.ranks) for c in rep.counts.collectives] == \
+            [("all_reduce", t * d * 4, n)]
+        assert rep.validation["status"] == "passed", rep.validation
