@@ -434,3 +434,15 @@ def test_tensor_parallel_attention_twins():
         assert [(c.kind, c.bytes, c.ranks) for c in rep.counts.collectives] == \
             [("all_reduce", t * d * 4, n)]
         assert rep.validation["status"] == "passed", rep.validation
+
+
+def test_parallelize_module_dtensor_program():
+    """PyTorch's own tensor parallelism (DTensor parameters): traced below DTensor, one
+    all-reduce of the row-parallel output, validated on 4 ranks against the DTensor run."""
+    path = os.path.join(HERE, "programs", "dtensor_mlp.py")
+    rep = analyze_source(path, arch="h100-sxm", world_size=4, validate=True)
+    t, d, f = 8, 64, 256
+    assert rep.counts.macs == 2 * t * d * (f // 4)
+    assert [(c.kind, c.bytes, c.ranks) for c in rep.counts.collectives] == \
+        [("all_reduce", t * d * 4, 4)]
+    assert rep.validation["status"] == "passed", rep.validation

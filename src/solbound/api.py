@@ -93,6 +93,11 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)                       # a bare tensor: the one input
     src = source or type(module).__name__
+    from .frontends.torch.dtensor import has_dtensors
+    if not train and has_dtensors(module) and not getattr(module, "solbound_tp", None):
+        # parallelize_module / distribute_tensor: traced below DTensor, over local shards
+        from .frontends.torch.dtensor import localize
+        module = localize(module, tuple(inputs))
     t0 = time.perf_counter()
     if select_fraction is not None and not 0 <= select_fraction <= 1:
         raise ValueError(f"select_fraction {select_fraction}: expected a number in [0, 1]")

@@ -100,21 +100,39 @@ def _run_ranks(rep, problem, world: int, tp: int, seed: int) -> list[dict]:
     def rank(r: int) -> None:
         dist.init_process_group("threaded", rank=r, world_size=world, store=store)
         try:
-            with build_lock:                       # the global RNG and tracing, one at a time
-                # a tensor-parallel model: every rank the same full model and inputs, so each
-                # rank's shard is its slice of one model and the inputs are replicated (the
-                # run is the sharded model's); a per-rank program: each rank its own values
-                model, inputs = _build_real(problem, seed if tp > 1 else seed + r)
-                if tp > 1:
+            # a tensor-parallel model: every rank the same full model and inputs, one rank
+            # at a time (the global RNG), so each rank's shard is its slice of one model and
+            # the inputs are replicated (the run is the sharded model's); a per-rank program
+            # builds at once on every rank (its constructor may communicate: DTensor's
+            # distribute_tensor scatters from rank 0), each rank its own values
+            if tp > 1:
+                with build_lock:
+                    model, inputs = _build_real(problem, seed)
                     from .parallel import tensor_parallel
                     model = tensor_parallel(model, tp)
+            else:
+                model, inputs = _build_real(problem, seed + r)
+            with build_lock:                       # tracing, one rank at a time
+                traced = model
+                from .dtensor import has_dtensors, localize
+                if has_dtensors(model) and tp == 1:   # parallelize_module: below DTensor
+                    traced = localize(model, tuple(inputs))
                 with torch.no_grad() if tp > 1 else _null():
-                    ep, low = export_and_lower(model, tuple(inputs), rep.source,
+                    ep, low = export_and_lower(traced, tuple(inputs), rep.source,
                                                reroll_layers=reroll)
             out[r]["lowered"] = low
             barrier.wait()
             with torch.no_grad():
-                out[r]["gold"] = run_original(model, tuple(inputs), low, ep)
+                gold = run_original(traced, tuple(inputs), low, ep)
+                if traced is not model:          # the outputs of the module itself
+                    from torch.distributed.tensor import DTensor
+                    from .reference import _to_np, output_leaves
+                    leaves = [v.to_local() if isinstance(v, DTensor) else v
+                              for v in output_leaves(model(*inputs))]
+                    it = iter(leaves)
+                    gold["golden"] = [_to_np(next(it)) if o["kind"] == "output" else g
+                                      for o, g in zip(low.outputs, gold["golden"])]
+                out[r]["gold"] = gold
         except threading.BrokenBarrierError:
             out[r]["error"] = "another rank failed"
         except HarnessError as e:
