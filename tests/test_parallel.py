@@ -446,3 +446,22 @@ def test_parallelize_module_dtensor_program():
     assert [(c.kind, c.bytes, c.ranks) for c in rep.counts.collectives] == \
         [("all_reduce", t * d * 4, 4)]
     assert rep.validation["status"] == "passed", rep.validation
+
+
+def test_a_sweep_point_over_parallel_degrees():
+    """A sweep's grid names tp, dp and world_size are degrees of the analysis, not
+    parameters of the program: each point is analyzed per rank, its rows carry the link
+    time."""
+    from solbound.sweep.run import run_point
+    from solbound.sweep.spec import parse
+    s = parse({"program": TP_MLP, "arch": ["h100-sxm"], "modes": ["fused"],
+               "grid": {"world_size": [2, 8], "TOKENS": [16]}}, os.path.join(ROOT, "s.toml"))
+    from solbound.sweep.spec import check_program
+    check_program(s)                        # world_size is not asked of the program
+    from solbound.sweep.run import point_item
+    rows = [r for p in s.points() for r in run_point(point_item(s, p))]
+    p = 16 * 4096 * 2
+    assert [(r["world_size"], r["macs"]) for r in rows] == [
+        (2, 2 * 16 * 4096 * 16384 // 2), (8, 2 * 16 * 4096 * 16384 // 8)]
+    assert rows[0]["comm_seconds"] == pytest.approx(p * 1 / 2 / 450e9)
+    assert rows[1]["comm_seconds"] == pytest.approx(p * 7 / 8 / 450e9)

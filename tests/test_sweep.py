@@ -73,7 +73,8 @@ def test_the_grid_is_every_combination_first_parameter_slowest(tmp_path):
     ({"program": "p:f", "arch": "h100-sxm", "grid": {"b": []}}, "grid.b is an empty list"),
     ({"program": "p:f", "arch": "h100-sxm", "grid": {"b": [[1]]}}, "is not an int"),
     ({"program": "p:f", "arch": "h100-sxm", "modes": ["fastest"]}, "'fastest' is not a fidelity"),
-    ({"program": "p:f", "arch": "h100-sxm", "world_size": 8}, "world_size 8"),
+    ({"program": "p:f", "arch": "h100-sxm", "world_size": 0}, "world_size 0: a positive"),
+    ({"program": "p:f", "arch": "h100-sxm", "grid": {"tp": [2, 0]}}, "grid.tp: 0 is not"),
     ({"program": "p:f", "arch": "h100-sxm", "grid": {"status": [1]}}, "also an output column"),
     ({"program": "p:f", "arch": "h100-sxm", "timeout": -1}, "'timeout' must be a positive"),
 ])

@@ -20,7 +20,7 @@ from .spec import Sweep, SweepError, check_program, load
 
 COLUMNS = ["arch", "mode", "seconds", "macs", "bytes", "bound", "status", "error", "engine"]
 # in the JSON rows only: what the HTML's rooflines need, and how long the point took
-EXTRA = ["flops", "intensity", "analysis_seconds"]
+EXTRA = ["flops", "intensity", "analysis_seconds", "comm_seconds"]
 
 
 def point_item(sweep: Sweep, params: dict) -> dict:
@@ -28,7 +28,8 @@ def point_item(sweep: Sweep, params: dict) -> dict:
     program = sweep.program
     rel = os.path.relpath(program, sweep.folder) if program.endswith(".py") else program
     return {"program": rel, "folder": sweep.folder, "params": params, "archs": sweep.archs,
-            "modes": sweep.modes, "policy": sweep.precision_policy, "train": sweep.train}
+            "modes": sweep.modes, "policy": sweep.precision_policy, "train": sweep.train,
+            "world_size": sweep.world_size}
 
 
 def run_point(item: dict) -> list[dict]:
@@ -45,8 +46,13 @@ def run_point(item: dict) -> list[dict]:
     t0 = time.perf_counter()
     archs = [os.path.join(folder, os.path.basename(a)) if a.endswith(".toml")
              and not os.path.exists(a) else a for a in item["archs"]]
+    from .spec import PARALLEL
+    params = {k: v for k, v in item["params"].items() if k not in PARALLEL}
+    degrees = {k: v for k, v in item["params"].items() if k in PARALLEL}
+    if item.get("world_size", 1) > 1 and "world_size" not in degrees:
+        degrees["world_size"] = item["world_size"]
     rep = analyze_source(program, arch=",".join(archs), precision_policy=item["policy"],
-                         train=item["train"], params=item["params"], modes=item["modes"])
+                         train=item["train"], params=params, modes=item["modes"], **degrees)
     took = time.perf_counter() - t0
     d = rep.to_dict()
     status = "partial" if rep.unsupported else "ok"
@@ -59,7 +65,7 @@ def run_point(item: dict) -> list[dict]:
                      "macs": d["totals"]["macs"], "bytes": b.bytes, "bound": b.bound,
                      "status": status, "error": error, "flops": b.flops,
                      "intensity": b.intensity if b.bytes else None,
-                     "analysis_seconds": round(took, 3)})
+                     "analysis_seconds": round(took, 3), "comm_seconds": b.comm_seconds})
     return rows
 
 

@@ -22,6 +22,11 @@ KEYS = {"program", "arch", "grid", "modes", "precision_policy", "train", "world_
         "timeout", "memory"}
 
 
+# grid names that are parallel degrees of the analysis (``--tp``, ``--dp``,
+# ``--world-size``), not parameters of the program
+PARALLEL = {"tp", "dp", "world_size"}
+
+
 class SweepError(Exception):
     """A sweep file that cannot run (one line naming the key)."""
 
@@ -38,6 +43,7 @@ class Sweep:
     train: bool = False
     timeout: float | None = None            # seconds per point
     memory: float | None = None             # GiB per point
+    world_size: int = 1                     # ranks of a per-rank program (every point)
 
     @property
     def names(self) -> list[str]:
@@ -117,16 +123,21 @@ def parse(data: dict, path: str) -> Sweep:
     if not isinstance(train, bool):
         raise SweepError(f"{path}: 'train' must be true or false")
     ws = data.get("world_size", 1)
-    if ws != 1:
-        raise SweepError(f"{path}: world_size {ws!r}: programs over several chips are not "
-                         f"analyzed yet (one chip: world_size = 1)")
+    if isinstance(ws, bool) or not isinstance(ws, int) or ws < 1:
+        raise SweepError(f"{path}: world_size {ws!r}: a positive integer (the ranks a "
+                         f"per-rank program runs on; grid names tp, dp and world_size vary "
+                         f"the degree per point)")
+    for name in PARALLEL & set(grid):
+        bad = [v for v in grid[name] if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        if bad:
+            raise SweepError(f"{path}: grid.{name}: {bad[0]!r} is not a positive integer")
     for key in ("timeout", "memory"):
         v = data.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
             raise SweepError(f"{path}: {key!r} must be a positive number "
                              f"({'seconds' if key == 'timeout' else 'GiB'} per point)")
     return Sweep(path, program, folder, archs, grid, modes, policy, train,
-                 data.get("timeout"), data.get("memory"))
+                 data.get("timeout"), data.get("memory"), ws)
 
 
 def load(path: str) -> Sweep:
@@ -144,7 +155,7 @@ def load(path: str) -> Sweep:
 def check_program(sweep: Sweep) -> None:
     """The program imports and takes every grid parameter (before any point runs)."""
     from ..frontends.contract import FrontendError
-    names = {k: sweep.grid[k][0] for k in sweep.grid}
+    names = {k: sweep.grid[k][0] for k in sweep.grid if k not in PARALLEL}
     try:
         check_params(sweep.program, names, sweep.folder)
     except FrontendError as e:
