@@ -465,3 +465,23 @@ def test_a_sweep_point_over_parallel_degrees():
         (2, 2 * 16 * 4096 * 16384 // 2), (8, 2 * 16 * 4096 * 16384 // 8)]
     assert rows[0]["comm_seconds"] == pytest.approx(p * 1 / 2 / 450e9)
     assert rows[1]["comm_seconds"] == pytest.approx(p * 7 / 8 / 450e9)
+
+
+def test_fully_sharded_step():
+    """--fsdp 4: every parameter all-gathered where the forward uses it (its full bytes),
+    every gradient reduce-scattered (its full bytes), rank 0 holding and stepping a quarter
+    of each parameter's rows; the step's MACs are the unsharded step's."""
+    mlp = os.path.join(ROOT, "examples", "train_mlp.py")
+    one = analyze_source(mlp, arch="h100-sxm", train=True)
+    rep = analyze_source(mlp, arch="h100-sxm", train=True, fsdp=4)
+    full = [1024 * 256 * 4, 1024 * 4, 16 * 1024 * 4, 16 * 4]
+    got = [(c.kind, c.bytes) for c in rep.counts.collectives]
+    assert sorted(got) == sorted([("all_gather", b) for b in full]
+                                 + [("reduce_scatter", b) for b in full])
+    assert rep.counts.macs == one.counts.macs
+    assert rep.bound("h100-sxm").comm_seconds == pytest.approx(2 * sum(full) * 3 / 4 / 450e9)
+    shard = (256 * 256 + 256 + 4 * 1024 + 4) * 4               # a quarter of each's rows
+    mem = rep.training["memory"]
+    # AdamW: two moments per element, and a 4-byte step counter per parameter
+    assert mem["parameters"] == shard and mem["optimizer_state"] == 2 * shard + 4 * 4
+    assert mem["parameters"] * 4 == one.training["memory"]["parameters"]

@@ -259,7 +259,8 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    routing: str | None = None, select_fraction: float | None = None,
                    cache=None, train: bool = False, optimizer=None, reroll: bool = True,
                    params: dict | None = None, modes=None, world_size: int | None = None,
-                   tp: int | None = None, dp: int | None = None, **validate_opts) -> Report:
+                   tp: int | None = None, dp: int | None = None, fsdp: int | None = None,
+                   **validate_opts) -> Report:
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``; a file that
     defines ``example()`` returning ``(function, args)`` (and no ``Model``) is a JAX program.
     ``train``/``optimizer``: the training step (see :func:`analyze`); the file may define
@@ -274,14 +275,22 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
     (``frontends/torch/parallel.py``). ``dp`` (with ``train``): the step of one of that
     many data-parallel ranks, its gradients averaged by an all-reduce each."""
     import contextlib
-    world = _world(world_size, tp, dp, train)
+    if fsdp and not train:
+        from .frontends.contract import FrontendError
+        raise FrontendError(f"--fsdp {fsdp}: fully sharded data parallelism shards a training "
+                            f"step: add --train")
+    if fsdp and (dp or tp or world_size and world_size != fsdp):
+        from .frontends.contract import FrontendError
+        raise FrontendError(f"--fsdp {fsdp} with --dp/--tp/--world-size: only one "
+                            f"parallelism over the whole world is modelled")
+    world = _world(fsdp or world_size, tp, dp, train)
     if world > 1:
         from .frontends.torch.distributed import fake_world
         from .frontends.torch.train import data_parallel
         with fake_world(world), data_parallel(dp) if dp else contextlib.nullcontext():
             rep = _analyze_source(spec, arch, precision_policy, False, keep_experts_dispatch,
                                   routing, select_fraction, cache, train, optimizer, reroll,
-                                  params, modes, tp or 1, validate_opts)
+                                  params, modes, tp or 1, validate_opts, fsdp or 1)
         rep.world_size = world
         if validate:
             # every rank at once under a threaded process group (after the fake one is gone)
@@ -323,7 +332,7 @@ def _world(world_size: int | None, tp: int | None, dp: int | None = None,
 
 def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatch, routing,
                     select_fraction, cache, train, optimizer, reroll, params, modes, tp,
-                    validate_opts) -> Report:
+                    validate_opts, fsdp: int = 1) -> Report:
     jax_example = _jax_example(spec, params)
     if jax_example is not None:
         fn, args = jax_example
@@ -334,6 +343,9 @@ def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatc
 
     problem = load_problem(spec, params)
     model, inputs, note = problem.build_for_capture()
+    if fsdp > 1:
+        from .frontends.torch.parallel import fully_shard
+        model = fully_shard(model, fsdp)
     if tp > 1:
         from .frontends.contract import FrontendError
         from .frontends.torch.parallel import ParallelError, tensor_parallel

@@ -51,6 +51,10 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=None, metavar="N",
                    help="with --train: the step of one of N data-parallel ranks, each "
                         "gradient averaged by an all-reduce before the optimizer")
+    p.add_argument("--fsdp", type=int, default=None, metavar="N",
+                   help="with --train: the step of one of N fully sharded data-parallel "
+                        "ranks (each parameter all-gathered where used, each gradient "
+                        "reduce-scattered, the optimizer on 1/N)")
 
 
 def _degrees(text: str) -> list[int]:
@@ -119,7 +123,7 @@ def cmd_analyze(a) -> int:
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer,
                          reroll=not getattr(a, "no_reroll", False), world_size=a.world_size,
-                         tp=_tp(a), dp=a.dp, **_vopts(a))
+                         tp=_tp(a), dp=a.dp, fsdp=a.fsdp, **_vopts(a))
     if a.measure:
         from .frontends.torch.capture import load_problem
         from .frontends.torch.timing import MeasureError, measure_problem

@@ -154,3 +154,53 @@ def _shard(model, n: int):
         model = type(model).maybe_distribute_model(model, dc, mesh)
     model.solbound_tp = n
     return model
+
+
+def fully_shard(model, n: int):
+    """``model`` as one rank of ``n`` fully sharded data-parallel ones (FSDP, ZeRO-3): each
+    parameter holds rank 0's rows ``[0, c)`` of its first dimension (``c = ceil(d0 / n)``,
+    FSDP2's padded ``Shard(0)``), and every use all-gathers it (a parametrization over
+    ``all_gather_tensor_autograd``, whose backward is the gradient's reduce-scatter). The
+    optimizer then steps the shards: ``1/n`` of its work and state per rank.
+
+    Each parameter is gathered once per step and kept for the backward pass (FSDP's
+    ``reshard_after_forward=False``, ZeRO-2's traffic); FSDP2's default frees it after the
+    forward and gathers it again for the backward, one more all-gather of every parameter,
+    which this bound does not charge (it stays a lower bound). Needs a process group of
+    ``n`` ranks (``fake_world(n)``)."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    import torch.nn as nn
+    import torch.nn.utils.parametrize as parametrize
+    if n == 1:
+        return model
+    if not (dist.is_initialized() and dist.get_world_size() == n):
+        raise ParallelError(f"--fsdp {n}: needs a process group of {n} ranks")
+
+    class Gathered(nn.Module):
+        """The whole parameter from every rank's rows (FSDP's all-gather)."""
+
+        def __init__(self, rows: int):
+            super().__init__()
+            self.rows = rows
+
+        def forward(self, shard):
+            full = funcol.all_gather_tensor_autograd(shard, 0, dist.group.WORLD)
+            return full if full.shape[0] == self.rows else full[: self.rows]
+
+    for module in list(model.modules()):
+        for name, p in list(module.named_parameters(recurse=False)):
+            if p is None or p.dim() == 0 or not p.requires_grad:
+                continue
+            rows = p.shape[0]
+            c = -(-rows // n)
+            with torch.no_grad():
+                shard = p.detach()[:c].clone()
+                if shard.shape[0] < c:              # fewer rows than ranks: padded
+                    shard = torch.cat([shard, shard.new_zeros((c - shard.shape[0],)
+                                                              + tuple(shard.shape[1:]))])
+            setattr(module, name, nn.Parameter(shard))
+            parametrize.register_parametrization(module, name, Gathered(rows), unsafe=True)
+    model.solbound_fsdp = n
+    return model
