@@ -108,7 +108,7 @@ class Report:
     def summary_line(self) -> str:
         """One line: operators, MACs, fused bytes, each chip's fused bound and what binds."""
         pc = self.counts
-        parts = [f"{b.arch} {b.seconds * 1e3:.4g} ms ({b.binding_unit if b.bound == 'compute' else 'memory'})"
+        parts = [f"{b.arch} {b.seconds * 1e3:.4g} ms ({b.binding_unit if b.bound == 'compute' else b.bound})"
                  for b in self.bounds if b.mode == "fused"]
         extra = f", {len(self.unsupported)} unsupported" if self.unsupported else ""
         val = (f", validation {self.validation.get('status')}"
@@ -351,6 +351,19 @@ class Report:
                              + (f" [{fp.note}]" if fp.note else ""))
         for t, fp in k.writes.items():
             lines.append(f"write       {t}: {fp.elements:,} elements")
+        c = next((c for c in pc.collectives if c.kernel == k.name), None)
+        if c is not None:
+            from ..bounds.comm import CommError, hops
+            lines.append(f"collective  {c.kind}{f' ({c.reduce})' if c.reduce else ''} over "
+                         f"{c.ranks} ranks {list(c.group)}: payload {c.bytes:,} B per rank "
+                         f"and call, {c.calls} call(s)")
+            try:
+                for name, f, b, bw in hops(spec, c.kind, c.group or tuple(range(c.ranks)),
+                                           c.bytes, c.perm):
+                    lines.append(f"link        {name}: {f:.4g} x {b:,} B / {bw:.4g} B/s = "
+                                 f"{f * b / bw * c.calls:.4g} s on {spec.id}")
+            except CommError as e:
+                lines.append(f"link        {e}")
         return "\n".join(lines)
 
     # --- terminal ---------------------------------------------------------------------
