@@ -236,3 +236,21 @@ def _is_constant(g) -> bool:
     return bool(np.all(flat == flat[0]))
 
 
+
+
+def per_rank_result(per_rank: list[list[dict]], tol: float, reference: str,
+                    seconds: float, **extra) -> dict:
+    """The validation of a program run on every rank at once (``per_rank[r]``: rank ``r``'s
+    compared outputs): passed when every output of every rank is; rank 0's outputs listed,
+    the failing ranks named, the worst error over all of them."""
+    n = len(per_rank)
+    ok = all(o["ok"] for outs in per_rank for o in outs)
+    worst = max((math.inf if o["worst_rel_error"] is None else o["worst_rel_error"]
+                 for outs in per_rank for o in outs), default=0.0)
+    return {"status": "passed" if ok else "failed", "tolerance": tol, **extra,
+            "outputs": per_rank[0] if per_rank else [], "ranks": n,
+            "failed_ranks": [r for r, outs in enumerate(per_rank)
+                             if not all(o["ok"] for o in outs)],
+            "reference": reference,
+            "summary": f"worst relative error {worst:.3g} over {n} ranks (tolerance {tol:.3g})",
+            "seconds": seconds}

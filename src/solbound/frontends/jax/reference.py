@@ -450,14 +450,7 @@ def validate_shard_map(lowered, fn, args, seed: int = 0) -> dict:
     except ExecutionError as e:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}
-    per_rank = [compare(lowered, a, g, tol) for a, g in zip(arrays, golden)]
-    ok = all(o["ok"] for outs_r in per_rank for o in outs_r)
-    worst = max((o["worst_rel_error"] or 0.0 for outs_r in per_rank for o in outs_r),
-                default=0.0)
-    return {"status": "passed" if ok else "failed", "tolerance": tol, "outputs": per_rank[0],
-            "ranks": n,
-            "failed_ranks": [r for r, o in enumerate(per_rank) if not all(x["ok"] for x in o)],
-            "reference": f"the function run by JAX on a mesh of {n} CPU devices, each rank's "
-                         f"IR against its device's blocks",
-            "summary": f"worst relative error {worst:.3g} over {n} ranks (tolerance {tol:.3g})",
-            "seconds": time.perf_counter() - t0}
+    from ...validate.compare import per_rank_result
+    return per_rank_result([compare(lowered, a, g, tol) for a, g in zip(arrays, golden)], tol,
+                           f"the function run by JAX on a mesh of {n} CPU devices, each "
+                           f"rank's IR against its device's blocks", time.perf_counter() - t0)

@@ -16,11 +16,8 @@ kernel structure, as for any validation.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
-
-import numpy as np
 
 
 def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0,
@@ -64,21 +61,14 @@ def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0,
     except ExecutionError as e:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}
-    per_rank, ok = [], True
-    for r, arr in zip(ranks, arrays):
-        outs = compare(r["lowered"], arr, r["gold"]["golden"], tol, _InputScale(r["lowered"].program, arr))
-        ok &= all(o["ok"] for o in outs)
-        per_rank.append(outs)
-    worst = max((math.inf if o["worst_rel_error"] is None else o["worst_rel_error"]
-                 for outs in per_rank for o in outs), default=0.0)
-    return {"status": "passed" if ok else "failed", "tolerance": tol,
-            "tolerance_rule": tolerance_rule(src_dtype), "outputs": per_rank[0],
-            "ranks": world,
-            "failed_ranks": [i for i, outs in enumerate(per_rank) if not all(o["ok"] for o in outs)],
-            "reference": f"the module's forward on {world} ranks at once (threaded process "
-                         f"group: real collectives), each rank its own model and inputs",
-            "summary": f"worst relative error {worst:.3g} over {world} ranks (tolerance {tol:.3g})",
-            "seconds": time.perf_counter() - t0}
+    from ...validate.compare import per_rank_result
+    per_rank = [compare(r["lowered"], arr, r["gold"]["golden"], tol,
+                        _InputScale(r["lowered"].program, arr))
+                for r, arr in zip(ranks, arrays)]
+    return per_rank_result(per_rank, tol, f"the module's forward on {world} ranks at once "
+                           f"(threaded process group: real collectives), each rank its own "
+                           f"model and inputs", time.perf_counter() - t0,
+                           tolerance_rule=tolerance_rule(src_dtype))
 
 
 def _run_ranks(rep, problem, world: int, tp: int, seed: int) -> list[dict]:
@@ -172,4 +162,4 @@ class _null:
         return False
 
 
-__all__ = ["validate_spmd", "np"]
+__all__ = ["validate_spmd"]
