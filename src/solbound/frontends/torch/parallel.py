@@ -52,7 +52,7 @@ def _local_styles():
         def should_use_local_tensors(self, module):
             return True
 
-        def transform_inputs_pre_forward(self, module, args, kwargs, mesh):
+        def transform_inputs_pre_forward(self, module, args, kwargs, mesh, **_):
             ids = args[0]
             n, r = mesh.size(), mesh.get_local_rank()
             rows = -(-module.num_embeddings // n)
@@ -61,7 +61,7 @@ def _local_styles():
             module._solbound_outside = outside
             return (torch.where(outside, 0, ids - lo),) + tuple(args[1:]), kwargs
 
-        def transform_output_post_forward(self, module, output, mesh):
+        def transform_output_post_forward(self, module, output, mesh, **_):
             outside = module.__dict__.pop("_solbound_outside")
             output = torch.where(outside.unsqueeze(-1), 0, output)
             dist.all_reduce(output, group=group(mesh))
@@ -71,10 +71,11 @@ def _local_styles():
         def should_use_local_tensors(self, module):
             return True
 
-        def transform_inputs_pre_forward(self, module, args, kwargs, mesh):
+        def transform_inputs_pre_forward(self, module, args, kwargs, mesh, **_):
             return args, kwargs
 
-        def transform_output_post_forward(self, module, output, mesh):
+        def transform_output_post_forward(self, module, output, mesh, **_):
+            # (``**_``: transformers >= 5.25 passes the model's config)
             return funcol.all_gather_tensor(output.contiguous(), gather_dim=output.dim() - 1,
                                             group=group(mesh))
 
