@@ -39,7 +39,7 @@ def _local_styles():
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
     from transformers.distributed.tensor_parallel import ColwiseParallel
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Replicate
     try:
         from transformers.distributed.tensor_parallel import EmbeddingParallel
     except ImportError:                                  # pragma: no cover - older transformers
@@ -83,18 +83,18 @@ def _local_styles():
             "colwise_gather_output": LocalGatherColwise(input_layouts=Replicate(),
                                                         output_layouts=Replicate()),
             "colwise_rep": LocalGatherColwise(input_layouts=Replicate(),
-                                              output_layouts=Replicate())}, Shard
+                                              output_layouts=Replicate())}
 
 
 @contextlib.contextmanager
 def _traceable_styles():
+    """transformers' style registry with the local styles in place of the DTensor-only
+    ones, for the duration (the originals are put back)."""
     from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
-    styles, _ = _local_styles()
-    table = ALL_PARALLEL_STYLES._global_mapping if hasattr(ALL_PARALLEL_STYLES,
-                                                           "_global_mapping") else None
-    saved = {}
+    styles = _local_styles()
+    saved = {name: ALL_PARALLEL_STYLES[name] if name in ALL_PARALLEL_STYLES else None
+             for name in styles}
     for name, style in styles.items():
-        saved[name] = ALL_PARALLEL_STYLES[name] if name in ALL_PARALLEL_STYLES else None
         ALL_PARALLEL_STYLES.register(name, style)
     try:
         yield
@@ -102,7 +102,6 @@ def _traceable_styles():
         for name, style in saved.items():
             if style is not None:
                 ALL_PARALLEL_STYLES.register(name, style)
-        del table
 
 
 def tensor_parallel(model, n: int):
