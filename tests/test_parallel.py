@@ -485,3 +485,20 @@ def test_fully_sharded_step():
     # AdamW: two moments per element, and a 4-byte step counter per parameter
     assert mem["parameters"] == shard and mem["optimizer_state"] == 2 * shard + 4 * 4
     assert mem["parameters"] * 4 == one.training["memory"]["parameters"]
+
+
+def test_expert_parallel_moe_layer_per_rank():
+    """A GShard-style expert-parallel MoE layer written per rank: one all-to-all of the
+    expert slots there and one back, the experts of this rank over every rank's slots,
+    validated on 4 ranks. MACs: the router, the two expert products over n x E/n x C slots,
+    the slot counting (a sum of products over the one-hot routing) and the scatter-add of
+    the kept tokens into their slots."""
+    path = os.path.join(HERE, "programs", "ep_moe.py")
+    rep = analyze_source(path, arch="h100-sxm,a100-sxm", world_size=4, validate=True)
+    t, d, f, e, c, n = 16, 32, 64, 8, 4, 4
+    assert rep.counts.macs == t * d * e + 2 * n * (e // n) * c * d * f + t * e + t * d
+    buf = e * c * d * 4
+    assert [(k.kind, k.bytes, k.ranks) for k in rep.counts.collectives] == \
+        [("all_to_all", buf, n), ("all_to_all", buf, n)]
+    assert rep.bound("a100-sxm").comm_seconds == pytest.approx(2 * buf * 3 / 4 / 300e9)
+    assert rep.validation["status"] == "passed", rep.validation
