@@ -71,11 +71,7 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     ``dp`` (with ``train``): the step of one of that many data-parallel ranks, each
     gradient averaged by an all-reduce (a fake process group of that size while tracing).
     """
-    if dp and dp > 1:
-        if not train:
-            from .frontends.contract import FrontendError
-            raise FrontendError(f"dp={dp}: data parallelism adds the training step's gradient "
-                                f"all-reduce: pass train=True")
+    if dp and dp > 1 and _world(None, None, dp, None, train):
         from .frontends.torch.distributed import fake_world
         from .frontends.torch.train import data_parallel
         with fake_world(dp), data_parallel(dp):
@@ -275,15 +271,7 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
     (``frontends/torch/parallel.py``). ``dp`` (with ``train``): the step of one of that
     many data-parallel ranks, its gradients averaged by an all-reduce each."""
     import contextlib
-    if fsdp and not train:
-        from .frontends.contract import FrontendError
-        raise FrontendError(f"--fsdp {fsdp}: fully sharded data parallelism shards a training "
-                            f"step: add --train")
-    if fsdp and (dp or tp or world_size and world_size != fsdp):
-        from .frontends.contract import FrontendError
-        raise FrontendError(f"--fsdp {fsdp} with --dp/--tp/--world-size: only one "
-                            f"parallelism over the whole world is modelled")
-    world = _world(fsdp or world_size, tp, dp, train)
+    world = _world(world_size, tp, dp, fsdp, train)
     if world > 1:
         from .frontends.torch.distributed import fake_world
         from .frontends.torch.train import data_parallel
@@ -307,27 +295,30 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                            modes, 1, validate_opts)
 
 
-def _world(world_size: int | None, tp: int | None, dp: int | None = None,
-           train: bool = False) -> int:
+def _world(world_size: int | None, tp: int | None, dp: int | None, fsdp: int | None,
+           train: bool) -> int:
+    """The number of ranks the degrees ask for, each checked before anything is built: at
+    most one parallelism (tensor, data or fully sharded), over the whole world."""
     from .frontends.contract import FrontendError
+    degrees = {"--tp": tp, "--dp": dp, "--fsdp": fsdp}
+    for name, v in (("--world-size", world_size), *degrees.items()):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise FrontendError(f"{name} {v!r}: expected a positive integer")
     if dp and not train:
         raise FrontendError(f"--dp {dp}: data parallelism adds the training step's gradient "
                             f"all-reduce: add --train")
-    if dp and (tp or world_size and world_size != dp):
-        raise FrontendError(f"--dp {dp} with --tp/--world-size: only one parallelism over the "
-                            f"whole world is modelled")
-    if dp:
-        world_size = dp
-    for name, v in (("--world-size", world_size), ("--tp", tp), ("--dp", dp)):
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            raise FrontendError(f"{name} {v!r}: expected a positive integer")
-    if world_size and tp and world_size % tp:
-        raise FrontendError(f"--tp {tp} does not divide --world-size {world_size}")
-    if world_size and tp and world_size != tp:
-        raise FrontendError(f"--world-size {world_size} with --tp {tp}: only tensor "
-                            f"parallelism over the whole world is modelled (--dp/--fsdp are "
-                            f"not yet)")
-    return world_size or tp or 1
+    if fsdp and not train:
+        raise FrontendError(f"--fsdp {fsdp}: fully sharded data parallelism shards a training "
+                            f"step: add --train")
+    if tp and tp > 1 and train:
+        raise FrontendError("--tp with --train: transformers' training path shards through "
+                            "DTensor, which solbound cannot trace yet")
+    given = [(name, v) for name, v in degrees.items() if v]
+    if len(given) > 1 or given and world_size and world_size != given[0][1]:
+        used = ", ".join(f"{n} {v}" for n, v in given)
+        raise FrontendError(f"{used}{f', --world-size {world_size}' if world_size else ''}: "
+                            f"only one parallelism over the whole world is modelled")
+    return given[0][1] if given else world_size or 1
 
 
 def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatch, routing,
@@ -353,9 +344,6 @@ def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatc
             model = tensor_parallel(model, tp)
         except ParallelError as e:
             raise FrontendError(f"{spec}: {e}") from None
-        if train:
-            raise FrontendError("--tp with --train: transformers' training path shards through "
-                                "DTensor, which solbound cannot trace yet")
     import contextlib
     import torch
     # transformers' tensor-parallel layers run on local shards with explicit all-reduces

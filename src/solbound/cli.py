@@ -398,6 +398,7 @@ def _parallel(a, target: float | None) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+    from .report.report import _t as _tm
     title = f"{a.program}: fused bound per rank by tensor-parallel degree"
     if target is not None:
         title += f", target {target * 1e3:.4g} ms"
@@ -421,10 +422,6 @@ def _parallel(a, target: float | None) -> int:
                                      f"no degree among {','.join(map(str, a.tp))} meets "
                                      f"{target * 1e3:.4g} ms"))
     return 0
-
-
-def _tm(s: float) -> str:
-    return f"{s * 1e3:.4g} ms" if s >= 1e-3 else f"{s * 1e6:.4g} us"
 
 
 def cmd_project(a) -> int:

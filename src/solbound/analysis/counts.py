@@ -305,6 +305,11 @@ class Collective:
     reduce: str = ""
     perm: tuple = ()          # a permute's (source, destination) positions
 
+    @property
+    def members(self) -> tuple[int, ...]:
+        """Rank 0's group as global ranks (the whole world when the kernel names none)."""
+        return self.group or tuple(range(self.ranks))
+
 
 def collectives(g: Graph, kcs: list[KernelCounts]) -> list[Collective]:
     """Every collective of the program, in program order; the operand's size is the

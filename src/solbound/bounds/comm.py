@@ -63,74 +63,72 @@ class Link:
     in_network: bool
 
 
-def link(spec: Spec, ranks: int) -> Link:
-    """The link a group of ``ranks`` GPUs talks over on ``spec``."""
+def _scale_up(spec: Spec) -> Link:
     ln = spec.links
     if not ln.get("scale_up"):
         raise CommError(f"{spec.id} has no link figures ([links] in its spec): a program with "
                         f"collectives cannot be bounded on it; choose a chip that lists them "
                         f"(h100-sxm, h200, b200, gb200-nvl72, a100-sxm, mi300x, tpu-v5e)")
-    if ranks <= int(ln.get("scale_up_domain", 1)):
-        return Link("scale_up", float(ln["scale_up"]), bool(ln.get("in_network_reduction")))
+    return Link("scale_up", float(ln["scale_up"]), bool(ln.get("in_network_reduction")))
+
+
+def _scale_out(spec: Spec, ranks: int) -> Link:
+    ln = spec.links
     if not ln.get("scale_out"):
         raise CommError(f"{spec.id}: a group of {ranks} ranks exceeds its scale-up domain of "
-                        f"{int(ln.get('scale_up_domain', 1))} and it lists no scale-out link")
+                        f"{_domain(spec)} and it lists no scale-out link")
     return Link("scale_out", float(ln["scale_out"]), False)
+
+
+def _domain(spec: Spec) -> int:
+    return int(spec.links.get("scale_up_domain", 1))
+
+
+def link(spec: Spec, ranks: int) -> Link:
+    """The link a group of ``ranks`` GPUs talks over on ``spec``."""
+    up = _scale_up(spec)
+    return up if ranks <= _domain(spec) else _scale_out(spec, ranks)
 
 
 def hops(spec: Spec, kind: str, group: tuple[int, ...], nbytes: int, perm=(),
          ) -> list[tuple[str, float, float, float]]:
     """``(link, factor, bytes it applies to, bandwidth)`` for each link a collective of
     rank 0's ``group`` (global ranks) uses on ``spec``; its time is the max over them."""
-    ln = spec.links
-    if not ln.get("scale_up"):
-        link(spec, len(group))                   # raises the one-line error
-    domain = int(ln.get("scale_up_domain", 1))
-    n = len(group)
+    up, domain, n = _scale_up(spec), _domain(spec), len(group)
     home = group[0] // domain if group else 0
-    local = [r for r in group if r // domain == home]
-    g, up = len(local), Link("scale_up", float(ln["scale_up"]),
-                             bool(ln.get("in_network_reduction")))
+    g = sum(1 for r in group if r // domain == home)          # members in rank 0's domain
     if kind == "permute":
         pos = {r: i for i, r in enumerate(group)}
         peers = [group[d] for s_, d in perm if s_ == pos.get(group[0])] + \
             [group[s_] for s_, d in perm if d == pos.get(group[0])]
-        across = any(p // domain != home for p in peers)
-        if not across:
+        if all(p // domain == home for p in peers):
             return [("scale_up", 1.0 if peers else 0.0, nbytes, up.bandwidth)]
-        out = link(spec, domain + 1)             # the scale-out link (or its error)
-        return [("scale_out", 1.0, nbytes, out.bandwidth)]
+        return [("scale_out", 1.0, nbytes, _scale_out(spec, n).bandwidth)]
     if g == n:
         return [("scale_up", factor(kind, n, up.in_network), nbytes, up.bandwidth)]
-    out = link(spec, domain + 1)
-    m = -(-n // g)
+    out = _scale_out(spec, n)
     rows = []
     if g > 1:
         rows.append(("scale_up", factor(kind, g, up.in_network), nbytes, up.bandwidth))
     if kind == "all_to_all":
         rows.append(("scale_out", (n - g) / n, nbytes, out.bandwidth))
     else:
-        rows.append(("scale_out", factor(kind, m, False), nbytes // g, out.bandwidth))
+        rows.append(("scale_out", factor(kind, -(-n // g), False), nbytes // g, out.bandwidth))
     return rows
 
 
 @dataclass(frozen=True)
 class CommTime:
     seconds: float
-    link_bandwidth: float       # the link of the largest group (bytes/s per direction)
-    per_collective: list        # (collective, link, factor, seconds)
+    link_bandwidth: float       # the slowest link of the largest group (bytes/s per direction)
 
 
 def comm_time(collectives, spec: Spec) -> CommTime:
     """Communication time of a rank's collectives on ``spec`` (zero without any)."""
-    total, rows, widest = 0.0, [], None
+    total, widest = 0.0, None
     for c in collectives:
-        group = c.group or tuple(range(c.ranks))
-        hs = hops(spec, c.kind, group, c.bytes, getattr(c, "perm", ()))
-        t = c.calls * max(f * b / bw for _, f, b, bw in hs)
-        total += t
-        rows.append((c, hs, t))
-        slowest = min(bw for _, _, _, bw in hs)
+        hs = hops(spec, c.kind, c.members, c.bytes, c.perm)
+        total += c.calls * max(f * b / bw for _, f, b, bw in hs)
         if widest is None or c.ranks > widest[0]:
-            widest = (c.ranks, slowest)
-    return CommTime(total, widest[1] if widest else 0.0, rows)
+            widest = (c.ranks, min(bw for _, _, _, bw in hs))
+    return CommTime(total, widest[1] if widest else 0.0)

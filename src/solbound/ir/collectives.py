@@ -14,9 +14,11 @@ Gathers, scatters and all-to-all work along dimension 0 of the operand (PyTorch'
 ``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``all_to_all_single`` with
 equal splits; JAX's frontend moves its axis to the front first).
 
-What a collective costs is not FLOPs but bytes over a link: :func:`payload` is the size
-of the full tensor a collective moves (per rank, per call), and ``bounds/comm.py``
-multiplies it by the kind's lower-bound factor. The adds of a reduction are not
+What a collective costs is not FLOPs but bytes over a link: its payload is the full tensor
+it moves per rank and call, the larger of what it reads and what it writes (an
+all-gather's gathered result, a reduce-scatter's unscattered operand;
+``analysis.counts.collectives`` takes both from the kernel's footprints), and
+``bounds/comm.py`` multiplies it by the kind's lower-bound factor. The adds of a reduction are not
 counted as work: a switch that reduces in the network (NVLS, SHARP) does them, and
 elsewhere they are ``(n - 1) / n`` adds per element, far below the link time.
 
@@ -24,15 +26,14 @@ A single rank cannot compute a collective: :func:`run` needs the other ranks' op
 which :func:`solbound.ir.execute.execute_spmd` provides by running every rank's program
 in lockstep.
 
->>> payload("all_reduce", [(4, 8)], (4, 8), 4)
-128
->>> payload("all_gather", [(2, 8)], (16, 8), 4), payload("reduce_scatter", [(16, 8)], (2, 8), 4)
-(512, 512)
+>>> xs = [np.array([[1.0], [2.0]]), np.array([[10.0], [20.0]])]
+>>> run("reduce_scatter", {"op": "sum"}, xs, 1).tolist(), run("all_gather", {}, xs, 0).shape
+([[22.0]], (4, 1))
+>>> check("all_gather", {"ranks": 2}, (2, 1), (3, 1))
+'all_gather over 2 ranks: result (3, 1) is not 2 x (2, 1) along dim 0'
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -43,15 +44,6 @@ REDUCTIONS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum
 
 def is_collective(routine: str) -> bool:
     return routine in KINDS
-
-
-def payload(kind: str, operand_shapes: list[tuple[int, ...]], out_shape: tuple[int, ...],
-            itemsize: int) -> int:
-    """Bytes of the full tensor a collective moves, per rank and call: the larger of its
-    operand and its result (an all-gather's gathered result, a reduce-scatter's unscattered
-    operand, an all-reduce's or all-to-all's tensor, a permute's message)."""
-    n_in = math.prod(operand_shapes[0]) if operand_shapes else 0
-    return max(n_in, math.prod(out_shape)) * itemsize
 
 
 def check(kind: str, params: dict, operand_shape: tuple[int, ...],

@@ -22,6 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .affine import Aff, Atom, guard_holds
+from .collectives import is_collective
 from .model import (EXTERNAL_ROLES, FLOAT_DTYPES, LOW_FLOATS, Access, Call, Const, Expr, Idx,
                     Kernel, Program, TensorDecl, accesses, loop_segments)
 
@@ -278,28 +279,13 @@ class _KernelExec:
         if k.scatter:
             self.run_scatter(out)
             return
+        if k.lib and is_collective(k.lib[0]):
+            self.run_collective()
+            return
         if k.lib:
             from .library import run_routine
-            from .collectives import is_collective
             names = list(dict.fromkeys(a.tensor for a in accesses(k.body)))
-            if is_collective(k.lib[0]):
-                if self.world is None:
-                    raise ExecutionError(f"collective {k.lib[0]} ({k.name}): one rank cannot "
-                                         f"compute it; run the ranks with execute_spmd")
-                # operands and result through their indices: a rerolled layer's collective
-                # reads and writes one layer's slice of a stacked tensor
-                ranges = {d: (0, n) for d, n in k.dims}
-                ops = []
-                for acc in dict.fromkeys(accesses(k.body)):
-                    used = {v for i in acc.index for v in i.vars}
-                    ops.append(np.ascontiguousarray(self.view(acc, ranges)).reshape(
-                        [self.ext[d] for d in self.dims if d in used]))
-                res = np.asarray(self.world(k, ops[:1]))
-                keep = [d for d in self.dims if d in k.out_vars]
-                self.write(res.astype(out.dtype, copy=False), ranges, keep)
-                return
-            else:
-                res = run_routine(k.lib[0], [self.arrays[t] for t in names], k.lib_params)
+            res = run_routine(k.lib[0], [self.arrays[t] for t in names], k.lib_params)
             res = np.asarray(res)
             if not np.iscomplexobj(out) and np.iscomplexobj(res):
                 raise ExecutionError(f"library {k.lib[0]} returned complex values for {k.out}")
@@ -420,6 +406,23 @@ class _KernelExec:
                 else REDUCE[k.reduce](val, axis=red_axes)
         self.write(np.asarray(res).astype(dtype, copy=False), ranges, keep)
 
+    def run_collective(self) -> None:
+        """A collective: its one operand and its result through their indices (a rerolled
+        layer's collective reads and writes one layer's slice of a stacked tensor), the
+        result from every rank's operand (``self.world``)."""
+        k = self.k
+        if self.world is None:
+            raise ExecutionError(f"collective {k.lib[0]} ({k.name}): one rank cannot "
+                                 f"compute it; run the ranks with execute_spmd")
+        ranges = {d: (0, n) for d, n in k.dims}
+        acc = accesses(k.body)[0]
+        used = {v for i in acc.index for v in i.vars}
+        operand = np.ascontiguousarray(self.view(acc, ranges)).reshape(
+            [self.ext[d] for d in self.dims if d in used])
+        res = np.asarray(self.world(k, operand))
+        keep = [d for d in self.dims if d in k.out_vars]
+        self.write(res.astype(self.arrays[k.out].dtype, copy=False), ranges, keep)
+
     def run_scatter(self, out: np.ndarray) -> None:
         """Every point writes (or combines into) ``out`` at its data-dependent position;
         accumulation is unbuffered (``np.add.at``: repeated positions all count)."""
@@ -507,13 +510,13 @@ def _squeeze(v: np.ndarray, dims: list[str]):
 def execute(p: Program, inputs: dict[str, np.ndarray], wide: bool = False,
             on_kernel: Callable[[Kernel, dict], None] | None = None,
             on_iteration: Callable[[tuple, int, dict], None] | None = None,
-            world: Callable[[Kernel, list], np.ndarray] | None = None
+            world: Callable[[Kernel, np.ndarray], np.ndarray] | None = None
             ) -> dict[str, np.ndarray]:
     """Run every kernel; returns all tensors (inputs included) by name. ``on_kernel(k,
     arrays)`` runs after each kernel outside a loop and after each loop's body kernels;
     ``on_iteration(loop, it, arrays)`` before iteration ``it`` of a sequential loop and,
     with ``it`` its trip count, after the last (a validator may read and reset a carry).
-    ``world(k, operands)``: the result of collective kernel ``k`` on this rank (see
+    ``world(k, operand)``: the result of collective kernel ``k`` on this rank (see
     :func:`execute_spmd`)."""
     decls = p.tensor_map
     arrays: dict[str, np.ndarray] = {}
@@ -577,7 +580,7 @@ class _World:
     def member(self, rank: int):
         from .collectives import run
 
-        def collective(k: Kernel, operands: list) -> np.ndarray:
+        def collective(k: Kernel, operand: np.ndarray) -> np.ndarray:
             params = k.lib_params
             group = tuple(params.get("group") or range(self.n))
             if len(group) != self.n or sorted(group) != list(range(self.n)):
@@ -585,7 +588,7 @@ class _World:
                                      f"run of {self.n} ranks executes only collectives over "
                                      f"all of them")
             try:
-                self.slots[rank] = operands[0]
+                self.slots[rank] = operand
                 self.barrier.wait()
                 res = run(k.lib[0], params, list(self.slots), group.index(rank))
                 self.barrier.wait()

@@ -358,8 +358,7 @@ class Report:
                          f"{c.ranks} ranks {list(c.group)}: payload {c.bytes:,} B per rank "
                          f"and call, {c.calls} call(s)")
             try:
-                for name, f, b, bw in hops(spec, c.kind, c.group or tuple(range(c.ranks)),
-                                           c.bytes, c.perm):
+                for name, f, b, bw in hops(spec, c.kind, c.members, c.bytes, c.perm):
                     lines.append(f"link        {name}: {f:.4g} x {b:,} B / {bw:.4g} B/s = "
                                  f"{f * b / bw * c.calls:.4g} s on {spec.id}")
             except CommError as e:

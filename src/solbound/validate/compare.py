@@ -58,6 +58,13 @@ def operator_calls(p: Program) -> int:
                for lps in loops_of.values())
 
 
+def output_dtype(p: Program) -> str:
+    """The coarsest dtype among the program's outputs (what its tolerance is set by);
+    ``f32`` for a program without outputs."""
+    dtypes = [t.dtype for t in p.tensors if t.role == "output"]
+    return max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
+
+
 def tolerance_rule(dtype: str) -> str:
     """:func:`tolerance`'s rule in words, for the report."""
     return (f"max|ir-ref|/max|ref| <= 8 eps({dtype})"

@@ -285,7 +285,7 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
     """Compare the IR with ``fn(*args)`` run by JAX (a result dict as validation's)."""
     import jax
     from ...ir.execute import ExecutionError, execute
-    from ...validate.compare import EPS, compare, max_reduction, tolerance
+    from ...validate.compare import compare, max_reduction, output_dtype, tolerance
 
     t0 = time.perf_counter()
     if lowered.unsupported:
@@ -318,8 +318,7 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
         if k.out in draws:
             arrays[k.out][...] = draws[k.out].reshape(arrays[k.out].shape)
     p = lowered.program
-    dtypes = [t.dtype for t in p.tensors if t.role == "output"]
-    src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
+    src_dtype = output_dtype(p)
     tol = tolerance(src_dtype, max_reduction(p), len(lowered.groups))
     try:
         arrays = execute(p, feeds, on_kernel=replay if draws else None)
@@ -402,7 +401,8 @@ def validate_shard_map(lowered, fn, args, seed: int = 0) -> dict:
     JAX's outputs (``in_specs``/``out_specs`` say which block)."""
     import jax
     from ...ir.execute import ExecutionError, execute_spmd
-    from ...validate.compare import EPS, compare, max_reduction, tolerance
+    from ...validate.compare import (compare, max_reduction, output_dtype, per_rank_result,
+                                     tolerance)
     t0 = time.perf_counter()
     mesh_info = lowered.mesh
     axes = mesh_info["axes"]
@@ -442,15 +442,13 @@ def validate_shard_map(lowered, fn, args, seed: int = 0) -> dict:
         golden.append([_golden(_block(o, s, axes, coords))
                        for o, s in zip(outs, mesh_info["out_specs"])])
     p = lowered.program
-    dtypes = [t.dtype for t in p.tensors if t.role == "output"]
-    src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
+    src_dtype = output_dtype(p)
     tol = tolerance(src_dtype, max_reduction(p), len(lowered.groups))
     try:
         arrays = execute_spmd(p, feeds)
     except ExecutionError as e:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}
-    from ...validate.compare import per_rank_result
     return per_rank_result([compare(lowered, a, g, tol) for a, g in zip(arrays, golden)], tol,
                            f"the function run by JAX on a mesh of {n} CPU devices, each "
                            f"rank's IR against its device's blocks", time.perf_counter() - t0)

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 
 def has_dtensors(module) -> bool:
+    """Whether ``module`` holds DTensors. Without an initialized process group it cannot,
+    and DTensor's module (half a second to import) is not loaded to find that out."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
     from torch.distributed.tensor import DTensor
     return any(isinstance(t, DTensor) for t in list(module.parameters()) + list(module.buffers()))
 
@@ -52,10 +57,8 @@ def localize(module, inputs: tuple):
         def __init__(self):
             super().__init__()
             self.graph_module = gm
-            self._names = {}
-            for i, n in enumerate(names):
-                key = n.replace(".", "__")
-                self._names[n] = key
+            self._names = {n: n.replace(".", "__") for n in names}
+            for n, key in self._names.items():
                 if n in state:
                     self.register_parameter(key, nn.Parameter(local[n], requires_grad=False))
                 else:
@@ -64,6 +67,4 @@ def localize(module, inputs: tuple):
         def forward(self, *xs):
             return self.graph_module({n: getattr(self, k) for n, k in self._names.items()}, *xs)
 
-    out = Local()
-    out.solbound_source_module = type(module).__name__
-    return out
+    return Local()

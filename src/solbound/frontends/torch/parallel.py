@@ -112,12 +112,13 @@ def tensor_parallel(model, n: int):
     if n == 1:
         return model
     if not hasattr(type(model), "maybe_distribute_model"):
-        inner = [m for name, m in model.named_modules()
-                 if hasattr(type(m), "maybe_distribute_model")]
-        outer = [m for m in inner if not any(m is not o and any(c is m for c in o.modules())
-                                             for o in inner)]
+        outer: dict[str, object] = {}      # outermost transformers models (pre-order walk)
+        for name, m in model.named_modules():
+            if hasattr(type(m), "maybe_distribute_model") and \
+                    not any(name.startswith(o + ".") for o in outer):
+                outer[name] = m
         if len(outer) == 1:
-            _shard(outer[0], n)
+            _shard(next(iter(outer.values())), n)
             model.solbound_tp = n
             return model
     return _shard(model, n)

@@ -14,11 +14,11 @@ import numpy as np
 
 from ...ir.execute import ExecutionError, execute
 from ...ir.model import Call, walk
-from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EPS, F64_SHRINK,
+from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, F64_SHRINK,
                                  _InputScale, _is_constant, _max_abs_diff, _progress,
                                  _strided, _structure, compare, estimate_cost,
-                                 fits_budget, max_reduction, operator_calls, rel_error,
-                                 tolerance, tolerance_rule)
+                                 fits_budget, max_reduction, operator_calls, output_dtype,
+                                 rel_error, tolerance, tolerance_rule)
 
 def _to_np(t) -> np.ndarray:
     import torch
@@ -291,8 +291,7 @@ def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
                 arrays[k.out][...] = draws[k.out].reshape(arrays[k.out].shape)
     else:
         gold = run_original(model, inputs, lowered, ep)
-    dtypes = [t.dtype for t in p.tensors if t.role == "output"]
-    src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
+    src_dtype = output_dtype(p)
     tol = tolerance(src_dtype, max_reduction(p), operator_calls(p))
     try:
         with _progress(len(p.kernels)) as tick:

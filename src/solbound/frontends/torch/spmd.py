@@ -22,9 +22,10 @@ import time
 
 def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0,
                   max_bytes: int | None = None, max_seconds: float | None = None) -> dict:
-    from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, EPS, _structure,
-                                     compare, estimate_cost, max_reduction, operator_calls,
-                                     tolerance, tolerance_rule, _InputScale)
+    from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, _InputScale,
+                                     _structure, compare, estimate_cost, max_reduction,
+                                     operator_calls, output_dtype, per_rank_result,
+                                     tolerance, tolerance_rule)
     t0 = time.perf_counter()
     if problem is None:
         return {"status": "skipped", "reason": "a per-rank program is validated from a file or "
@@ -52,8 +53,7 @@ def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0,
                           "structure than the analyzed one", "seconds": time.perf_counter() - t0}
     from ...ir.execute import ExecutionError, execute_spmd
     p = low0.program
-    dtypes = [t.dtype for t in p.tensors if t.role == "output"]
-    src_dtype = max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
+    src_dtype = output_dtype(p)
     tol = tolerance(src_dtype, max_reduction(p), operator_calls(p) + len(rep.counts.collectives))
     try:
         arrays = execute_spmd([r["lowered"].program for r in ranks],
@@ -61,7 +61,6 @@ def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0,
     except ExecutionError as e:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}
-    from ...validate.compare import per_rank_result
     per_rank = [compare(r["lowered"], arr, r["gold"]["golden"], tol,
                         _InputScale(r["lowered"].program, arr))
                 for r, arr in zip(ranks, arrays)]
