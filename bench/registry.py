@@ -64,7 +64,7 @@ def one(task: str, model_type: str, validate: bool = True) -> dict:
     if validate and not rec["unsupported"]:
         rec["stage"] = "validate"
         try:
-            from solbound.validate.golden import validate_report
+            from solbound.frontends.torch.reference import validate_report
             v = validate_report(rep, b.model, b.inputs)
         except Exception as e:  # noqa: BLE001
             v = {"status": "error", "reason": f"internal: {oneline(e)}"}

@@ -28,13 +28,13 @@ def assert_report_serializes(rep) -> None:
 @pytest.fixture(autouse=True)
 def _jax_reports_serialize(monkeypatch):
     """Every report of a JAX program a test analyzes (``solbound.analyze``,
-    ``analyze_source``, the CLI: all go through ``api._analyze_jax``, validation included)
+    ``analyze_source``, the CLI: all go through ``analyze_function``, validation included)
     is also serialized to JSON. No analysis runs twice."""
-    from solbound import api
-    real = api._analyze_jax
+    from solbound.frontends.jax import frontend as api
+    real = api.analyze_function
 
     def checked(*args, **kwargs):
         rep = real(*args, **kwargs)
         assert_report_serializes(rep)
         return rep
-    monkeypatch.setattr(api, "_analyze_jax", checked)
+    monkeypatch.setattr(api, "analyze_function", checked)

@@ -10,7 +10,9 @@ MODULES = ["solbound.ir.affine", "solbound.ir.demand", "solbound.analysis.footpr
            "solbound.bounds.opportunities", "solbound.hardware.catalog", "solbound.ir.reroll",
            "solbound.frontends.torch.stacks", "solbound.sweep.spec", "solbound.sweep.engine",
            "solbound.frontends.loading", "solbound.ir.execute", "solbound.ir.collectives",
-           "solbound.bounds.comm", "solbound.frontends.torch.distributed"]
+           "solbound.bounds.comm", "solbound.frontends.torch.distributed",
+           "solbound.frontends.agent.prompt", "solbound.frontends.agent.translate",
+           "solbound.frontends.agent.cache", "solbound.frontends.agent.splice"]
 
 
 @pytest.mark.parametrize("name", MODULES)

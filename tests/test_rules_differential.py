@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from helpers import Fn
 from solbound.frontends.torch.capture import export_program
 from solbound.frontends.torch.lower import RULES, lower
-from solbound.validate.golden import validate_lowered
+from solbound.frontends.torch.reference import validate_lowered
 
 A, B = (3, 5), (2, 7, 3)
 

@@ -125,8 +125,8 @@ def cmd_analyze(a) -> int:
                          reroll=not getattr(a, "no_reroll", False), world_size=a.world_size,
                          tp=_tp(a), dp=a.dp, fsdp=a.fsdp, **_vopts(a))
     if a.measure:
-        from .frontends.torch.capture import load_problem
-        from .frontends.torch.timing import MeasureError, measure_problem
+        from .frontends.registry import for_source
+        from .measure.host import MeasureError
         if "host" not in {b.arch for b in rep.bounds}:
             return _err("--measure compares with this machine's own spec: add host to --arch "
                         "(after `solbound calibrate`)")
@@ -134,17 +134,12 @@ def cmd_analyze(a) -> int:
         bad = [m for m in modes if m not in ("eager", "compile", "jit")]
         if bad:
             return _err(f"--measure {a.measure!r}: modes are eager and compile (jit for JAX)")
-        from .api import _jax_example
-        example = _jax_example(a.program, _params(a))
+        fe = for_source(a.program)
+        if not fe.measure:
+            return _err(f"--measure: a {fe.name} program has no run of its own to time")
         try:
-            if example is not None:
-                from .frontends.jax.timing import measure_function
-                timed = measure_function(*example, modes, trials=a.trials)
-            else:
-                timed = measure_problem(load_problem(a.program, _params(a)),
-                                        [m if m != "jit" else "compile" for m in modes],
-                                        trials=a.trials)
-            rep.measured = {"arch": "host", **timed}
+            rep.measured = {"arch": "host", **fe.load("measure")(a.program, _params(a), modes,
+                                                                 a.trials)}
         except MeasureError as e:
             return _err(str(e))
     if a.json:
@@ -224,8 +219,8 @@ def cmd_calibrate(a) -> int:
     """Measure this machine and write its spec (the catalog's schema)."""
     from .frontends.torch.calibrate import host_toml
     from .hardware.catalog import spec_from_file
-    from .measure.host import host_spec_path
-    from .frontends.torch.timing import MeasureError
+    from .paths import host_spec_path
+    from .measure.host import MeasureError
     path = a.output or host_spec_path()
     try:
         text = host_toml(quick=a.quick, progress=lambda m: print(m, file=sys.stderr),
@@ -472,7 +467,7 @@ def cmd_chips(a) -> int:
 
 
 def cmd_validate(a) -> int:
-    from .validate.cli import run_validate
+    from .frontends.torch.check_ir import run_validate
     return run_validate(a)
 
 

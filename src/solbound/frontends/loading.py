@@ -95,3 +95,39 @@ def check_params(spec: str, target, params: dict, *, module_names: bool = False)
         took = ", ".join(sorted(names)) or "no parameters"
         raise FrontendError(f"{spec}: the factory takes no parameter {bad[0]!r} (it takes "
                             f"{took})")
+
+
+def example_of(spec: str, params: dict | None = None) -> tuple:
+    """``(function, args)`` from a file whose ``example()`` returns them (``params``
+    replace its module-level constants) or from a ``pkg.module:factory`` (``params``: its
+    keyword arguments); each failure one line naming the file."""
+    import importlib
+    if ":" in spec and not spec.endswith(".py"):
+        modname, _, attr = spec.partition(":")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            mod = importlib.import_module(modname)
+        except Exception as e:  # noqa: BLE001
+            raise FrontendError(f"{spec}: does not import: {oneline(e)}") from None
+        fn = getattr(mod, attr, None)
+        if not callable(fn):
+            raise FrontendError(f"{spec}: {modname} has no function {attr!r}")
+        check_params(spec, fn, params or {})
+        what, call = "factory", lambda: fn(**(params or {}))
+    else:
+        mod = import_file(spec)
+        if params:
+            check_params(spec, mod, params, module_names=True)
+            for k, v in params.items():
+                setattr(mod, k, v)
+        if not callable(getattr(mod, "example", None)):
+            raise FrontendError(f"{spec}: defines no example() returning (function, args)")
+        what, call = "example()", mod.example
+    try:
+        res = call()
+    except Exception as e:  # noqa: BLE001 - one line for the user
+        raise FrontendError(f"{spec}: {what} failed: {type(e).__name__}: {e}") from None
+    if not (isinstance(res, tuple) and len(res) == 2 and callable(res[0])):
+        raise FrontendError(f"{spec}: {what} must return (function, args)")
+    return res

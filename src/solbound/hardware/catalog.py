@@ -213,7 +213,7 @@ def load_spec(arch: str) -> Spec:
     if arch.endswith(".toml") or os.path.sep in arch:
         return spec_from_file(arch)
     if arch.strip().lower() == "host":
-        from ..measure.host import host_spec_path
+        from ..paths import host_spec_path
         path = host_spec_path()
         if not os.path.exists(path):
             raise UnknownArch(f"--arch host: no host spec at {path}; run `solbound calibrate` "

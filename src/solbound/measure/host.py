@@ -12,18 +12,11 @@ import platform
 import statistics
 import time
 
-CONFIG_ENV = "SOLBOUND_CONFIG_DIR"
-def config_dir() -> str:
-    """Where ``calibrate`` stores the host spec: ``$SOLBOUND_CONFIG_DIR``, else
-    ``$XDG_CONFIG_HOME/solbound``, else ``~/.config/solbound``."""
-    if os.environ.get(CONFIG_ENV):
-        return os.environ[CONFIG_ENV]
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "solbound")
+from ..paths import CONFIG_ENV, config_dir, host_spec_path  # noqa: F401 - re-exported
 
 
-def host_spec_path() -> str:
-    return os.path.join(config_dir(), "host.toml")
+class MeasureError(RuntimeError):
+    """A program that cannot be timed here (too large for this machine, no device)."""
 
 
 def wall_clock(call) -> float:

@@ -9,11 +9,7 @@ write over twice the largest cache."""
 
 from __future__ import annotations
 
-from ...measure.host import flush_bytes, time_calls
-
-
-class MeasureError(RuntimeError):
-    pass
+from ...measure.host import MeasureError, flush_bytes, time_calls
 
 
 def _nbytes(x) -> int:

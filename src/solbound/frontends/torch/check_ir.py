@@ -16,10 +16,10 @@ import sys
 
 import numpy as np
 
-from ..ir.check import IRError
-from ..ir.execute import ExecutionError, execute
-from ..ir.text import IRSyntaxError, parse_program
-from .compare import _strided, max_reduction, rel_error, tolerance
+from ...ir.check import IRError
+from ...ir.execute import ExecutionError, execute
+from ...ir.text import IRSyntaxError, parse_program
+from ...validate.compare import _strided, max_reduction, rel_error, tolerance
 
 
 def _say(msg: str) -> None:
@@ -28,9 +28,9 @@ def _say(msg: str) -> None:
 
 def check_ir_text(text: str, problem, seed: int = 0) -> tuple[int, dict]:
     """Returns (exit code, result dict)."""
-    from ..frontends.torch.capture import export_program
-    from ..frontends.torch.lower import lower
-    from ..frontends.torch.reference import _build_real, run_original
+    from .capture import export_program
+    from .lower import lower
+    from .reference import _build_real, run_original
 
     try:
         given = parse_program(text)
@@ -102,7 +102,7 @@ def check_ir_text(text: str, problem, seed: int = 0) -> tuple[int, dict]:
 
 
 def run_validate(a) -> int:
-    from ..frontends.torch.capture import load_problem
+    from .capture import load_problem
     try:
         text = open(a.ir).read()
     except OSError as e:
