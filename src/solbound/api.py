@@ -28,8 +28,11 @@ def analyze(module, inputs: Sequence, arch=None, precision_policy: str | None = 
     ``frontends/jax/frontend.analyze_function``)."""
     args = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
     fe = for_object(module, args)
-    return fe.load("analyze_object")(module, args, arch=arch, precision_policy=precision_policy,
-                                     source=source, validate=validate, agent=agent, **options)
+    rep = fe.load("analyze_object")(module, args, arch=arch, precision_policy=precision_policy,
+                                    source=source, validate=validate, agent=agent, **options)
+    if agent is not None:
+        rep.agent = agent.report()
+    return rep
 
 
 def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
@@ -41,8 +44,11 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
     module-level constants) and, for PyTorch, ``world_size``, ``tp``, ``dp``, ``fsdp``
     (``frontends/torch/frontend.analyze_source``)."""
     fe = for_source(spec)
-    return fe.load("analyze_source")(spec, arch=arch, precision_policy=precision_policy,
-                                     validate=validate, agent=agent, **options)
+    rep = fe.load("analyze_source")(spec, arch=arch, precision_policy=precision_policy,
+                                    validate=validate, agent=agent, **options)
+    if agent is not None:
+        rep.agent = agent.report()
+    return rep
 
 
 __all__ = ["analyze", "analyze_source", "analyze_lowered"]

@@ -37,6 +37,40 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="with --train: a torch.optim class (default: the file's "
                         "make_optimizer(model), else AdamW with its defaults)")
     _parallel_args(p)
+    _agent_args(p)
+
+
+def _agent_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("agent (an LLM writes the IR of what no tracer reads; only IR "
+                             "that validates is accepted)")
+    g.add_argument("--agent", action="store_true",
+                   help="translate what no frontend lowers (a numpy program; each unsupported "
+                        "operator) through an OpenAI-compatible endpoint: OPENAI_BASE_URL, "
+                        "OPENAI_API_KEY")
+    g.add_argument("--llm-model", default=None, metavar="NAME",
+                   help="the endpoint's model (default $SOLBOUND_LLM_MODEL)")
+    g.add_argument("--agent-rounds", type=_positive_int, default=6, metavar="N",
+                   help="tries per translation, each fed the last one's failure (default 6)")
+    g.add_argument("--agent-cache", default=None, metavar="DIR",
+                   help="where accepted translations are kept (default the user's cache "
+                        "directory, solbound/agent)")
+
+
+def _agent(a):
+    """The agent the command line asks for, or None."""
+    if not getattr(a, "agent", False):
+        for flag in ("llm_model", "agent_cache"):
+            if getattr(a, flag, None):
+                raise _Usage(f"--{flag.replace('_', '-')} configures the agent: add --agent")
+        return None
+    from .frontends.agent.translate import Agent
+    opts = _vopts(a)
+    return Agent(model=a.llm_model, rounds=a.agent_rounds, cache_dir=a.agent_cache,
+                 max_bytes=opts.get("max_bytes"), max_seconds=opts.get("max_seconds"))
+
+
+class _Usage(Exception):
+    """A combination of options that does not go together (one line, exit 2)."""
 
 
 def _parallel_args(p: argparse.ArgumentParser) -> None:
@@ -118,7 +152,8 @@ def cmd_analyze(a) -> int:
     if a.validate and not a.quiet and sys.stderr.isatty():
         from .validate import compare
         compare.PROGRESS = True         # a progress bar while the IR runs
-    rep = analyze_source(a.program, params=_params(a), arch=_archs(a), precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, params=_params(a), agent=_agent(a),
+                         arch=_archs(a), precision_policy=a.precision_policy,
                          validate=a.validate, keep_experts_dispatch=a.keep_experts_dispatch,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer,
@@ -187,7 +222,8 @@ def _write(path: str, text: str) -> None:
 def cmd_ir(a) -> int:
     from .api import analyze_source
     from .ir.text import print_program
-    rep = analyze_source(a.program, params=_params(a), arch=None, routing=a.routing,
+    rep = analyze_source(a.program, params=_params(a), agent=_agent(a),
+                         arch=None, routing=a.routing,
                          select_fraction=a.select_fraction, world_size=a.world_size, tp=_tp(a))
     text = print_program(rep.program)
     _write(a.output or "-", text)
@@ -198,9 +234,33 @@ def cmd_ir(a) -> int:
     return 0
 
 
+def cmd_translate(a) -> int:
+    """``solbound translate FILE -o prog.ir``: the agent's accepted IR, spliced into the
+    traced program where a frontend reads the rest (exit 3 when a translation was not
+    accepted and its operator stays uncounted)."""
+    from .api import analyze_source
+    from .ir.text import print_program
+    a.agent = True
+    agent = _agent(a)
+    rep = analyze_source(a.program, params=_params(a), agent=agent, arch=None,
+                         routing=a.routing, select_fraction=a.select_fraction,
+                         world_size=a.world_size, tp=_tp(a), modes=("fused",))
+    _write(a.output or "-", print_program(rep.program))
+    if a.output:
+        print(f"wrote {a.output}", file=sys.stderr)
+    if not agent.translations:
+        print("solbound: nothing needed translating: the frontend lowered every operator",
+              file=sys.stderr)
+    for u in rep.unsupported:
+        print(f"solbound: still unsupported: {u.operator} at {u.source or '?'}: {u.reason}",
+              file=sys.stderr)
+    return EXIT_UNCOUNTED if rep.unsupported else EXIT_OK
+
+
 def cmd_explain(a) -> int:
     from .api import analyze_source
-    rep = analyze_source(a.program, params=_params(a), arch=_archs(a), precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, params=_params(a), agent=_agent(a),
+                         arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction,
                          train=a.train, optimizer=a.optimizer, world_size=a.world_size,
                          tp=_tp(a))
@@ -259,7 +319,8 @@ def cmd_slope(a) -> int:
     """Traffic against on-chip capacity: the program and its heaviest kernels."""
     from .api import analyze_source
     from .report.report import dumps
-    rep = analyze_source(a.program, params=_params(a), arch=_archs(a), precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, params=_params(a), agent=_agent(a),
+                         arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction,
                          train=a.train, optimizer=a.optimizer, world_size=a.world_size,
                          tp=_tp(a))
@@ -325,7 +386,8 @@ def cmd_provision(a) -> int:
         return _err(str(e))
     if a.tp and len(a.tp) > 1:
         return _parallel(a, target)
-    rep = analyze_source(a.program, params=_params(a), arch=_archs(a) or "all", precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, params=_params(a), agent=_agent(a),
+                         arch=_archs(a) or "all", precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer, world_size=a.world_size,
                          tp=_tp(a))
@@ -380,7 +442,7 @@ def _parallel(a, target: float | None) -> int:
     reports = {}
     for d in a.tp:
         print(f"solbound: tensor-parallel degree {d} ...", file=sys.stderr)
-        reports[d] = analyze_source(a.program, params=_params(a),
+        reports[d] = analyze_source(a.program, params=_params(a), agent=_agent(a),
                                     arch=_archs(a) or "h100-sxm,h200,b200,gb200-nvl72,mi300x",
                                     precision_policy=a.precision_policy, routing=a.routing,
                                     select_fraction=a.select_fraction, cache=a.cache,
@@ -426,7 +488,8 @@ def cmd_project(a) -> int:
     from .bounds.provision import projection
     if a.tp and len(a.tp) > 1:
         return _parallel(a, None)
-    rep = analyze_source(a.program, params=_params(a), arch=_archs(a) or "all", precision_policy=a.precision_policy,
+    rep = analyze_source(a.program, params=_params(a), agent=_agent(a),
+                         arch=_archs(a) or "all", precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer, world_size=a.world_size,
                          tp=_tp(a))
@@ -516,9 +579,28 @@ def build_parser() -> argparse.ArgumentParser:
     ir = sub.add_parser("ir", help="write the loop IR text")
     ir.add_argument("program")
     ir.add_argument("-o", "--output", help="output file (default stdout)")
+    ir.add_argument("--param", action="append", type=_param, default=None, metavar="NAME=VALUE",
+                    help="a factory's keyword argument or a file's module-level constant")
     _routing_arg(ir)
     _parallel_args(ir)
+    _agent_args(ir)
     ir.set_defaults(fn=cmd_ir)
+
+    tr = sub.add_parser("translate", help="the agent writes the IR of what no tracer reads "
+                                          "(a numpy program, unsupported operators); only IR "
+                                          "that validates is written")
+    tr.add_argument("program")
+    tr.add_argument("-o", "--output", help="the IR file to write (default stdout)")
+    tr.add_argument("--param", action="append", type=_param, default=None, metavar="NAME=VALUE",
+                    help="a factory's keyword argument or a file's module-level constant")
+    tr.add_argument("--max-seconds", type=float, default=None,
+                    help="time budget for running a translation against the original")
+    tr.add_argument("--max-bytes", type=float, default=None, metavar="GIB",
+                    help="memory budget (GiB) for running a translation")
+    _routing_arg(tr)
+    _parallel_args(tr)
+    _agent_args(tr)
+    tr.set_defaults(fn=cmd_translate)
 
     ex = sub.add_parser("explain", help="show how a kernel's numbers were derived")
     _common(ex)
@@ -642,6 +724,8 @@ def main(argv: list[str] | None = None) -> int:
     from .frontends.torch.distributed import WorldError
     try:
         return args.fn(args)
+    except _Usage as e:
+        return _err(str(e))
     except (FrontendError, UnknownArch, PolicyError, IRSyntaxError, CacheOptionError,
             SpecError, CommError, WorldError) as e:
         return _err(str(e))

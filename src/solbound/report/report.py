@@ -56,6 +56,8 @@ class Report:
     world_size: int = 1               # ranks of the program (counts are one rank's)
     # the program timed on this machine (``--measure``): device, per mode median and spread
     measured: dict | None = None
+    # the agent's translations (``frontends/agent``): model, requests, one entry per target
+    agent: dict | None = None
     # what the fidelities computed once for this program (the cache-aware segment model)
     memo: dict = field(default_factory=dict, repr=False)
 
@@ -296,6 +298,8 @@ class Report:
                             if n.startswith("assumption:") or "assumed" in n],
             "validation": self.validation,
         }
+        if self.agent is not None:
+            d["agent"] = self.agent
         if self.training is not None:
             d["training"] = self.training
             d["phases"] = self.training["phases"]
@@ -333,8 +337,15 @@ class Report:
         k = pc.kernels[i]
         ir = self.program.kernels[i]
         from ..ir.text import print_kernel
-        lines = [print_kernel(ir), "",
-                 f"einsum      {k.einsum}",
+        lines = [print_kernel(ir), ""]
+        origin = (getattr(self.lowered, "groups", None) or {}).get(ir.op, {}).get("agent")
+        if origin:
+            lines.append(f"origin      written by the agent ({origin['model']}) for "
+                         f"{origin['target']}, "
+                         + ("from the cache" if origin.get("cached") else
+                            f"accepted after {origin['attempts']} attempt(s)")
+                         + ", validated against the original")
+        lines += [f"einsum      {k.einsum}",
                  f"kind        {k.kind}",
                  f"extents     {dict(ir.dims)}" + (f"  guard: {len(ir.guard)} atom(s)" if ir.guard else ""),
                  f"|I|         {k.points:,} points (exact count of the guarded loop nest)",
@@ -478,6 +489,11 @@ class Report:
         notes = list(self.program.notes) + [n for b in self.bounds for n in b.notes]
         for n in dict.fromkeys(notes):
             console.print(f"[yellow]note[/yellow]: {e(n)}")
+        for t in (self.agent or {}).get("translations", []):
+            how = ("from the cache" if t["cached"] else f"{t['attempts']} attempt(s)")
+            state = "accepted, validated" if t["accepted"] else "NOT accepted (stays unsupported)"
+            console.print(f"agent ({e(self.agent['model'])}): {e(t['target'])} "
+                          f"({e(t.get('src') or '?')}): {state}, {how}")
         if self.validation.get("status") != "not requested":
             v = self.validation
             console.print(f"validation: [bold]{e(str(v.get('status')))}[/bold] "

@@ -169,13 +169,18 @@ def _divergence(name: str, got: np.ndarray, want: np.ndarray, writer: str, err: 
     fin_g, fin_w = np.isfinite(g), np.isfinite(w)
     if not np.array_equal(fin_g, fin_w):
         at = np.unravel_index(int(np.argmax(fin_g != fin_w)), w.shape)
-        return (f"output {name} (written by kernel {writer}) gives {g[at]} at {_where(at)} "
-                f"where the original gives {w[at]}")
+        return (f"output {name} (written by kernel {writer}) gives {_num(g[at])} at {_where(at)} "
+                f"where the original gives {_num(w[at])}")
     d = np.where(fin_w, np.abs(g - w), 0)
     at = np.unravel_index(int(np.argmax(d)), w.shape) if d.size else ()
     return (f"output {name} (written by kernel {writer}) diverges: relative error {err:.3g} "
             f"(tolerance {tol:.3g}); the largest difference is at {_where(at)}, where the IR "
-            f"gives {g[at]!r} and the original {w[at]!r}")
+            f"gives {_num(g[at])} and the original {_num(w[at])}")
+
+
+def _num(v) -> str:
+    v = complex(v) if np.iscomplexobj(v) else float(v)
+    return f"{v:.6g}"
 
 
 def verify(p: Program, target: Target, feeds: list[np.ndarray], expected: list[np.ndarray],
@@ -216,7 +221,9 @@ def verify(p: Program, target: Target, feeds: list[np.ndarray], expected: list[n
         outs.append({"output": o.name, "shape": list(want.shape), "worst_rel_error": err,
                      "ok": True})
     return {"status": "passed", "tolerance": tol, "outputs": outs,
-            "reference": f"the original {target.what} on seeded inputs",
+            "reference": f"the original {target.what} on "
+                         + ("its example's arguments" if target.feeds is not None
+                            else "seeded random inputs"),
             "summary": f"worst relative error {worst:.3g} (tolerance {tol:.3g})",
             "seconds": round(time.perf_counter() - t0, 3)}
 

@@ -65,19 +65,11 @@ def analyze_module(module, inputs: Sequence, arch=None, precision_policy: str | 
         raise ValueError(f"select_fraction {select_fraction}: expected a number in [0, 1]")
     user_files = (source,) if source and os.path.exists(source) else ()
     timings: dict = {}
-    if train:
-        from .stacks import export_and_lower_step
-        ep, lowered = export_and_lower_step(
-            module, tuple(inputs), src, user_files=user_files, reroll_layers=reroll,
-            timings=timings, optimizer=optimizer if not isinstance(optimizer, str) else None,
-            optimizer_name=optimizer if isinstance(optimizer, str) else None,
-            problem_module=problem_module, keep_experts=keep_experts_dispatch, routing=routing)
-    else:
-        from .stacks import export_and_lower
-        ep, lowered = export_and_lower(module, tuple(inputs), src, user_files=user_files,
-                                       reroll_layers=reroll, keep_experts=keep_experts_dispatch,
-                                       routing=routing, select_fraction=select_fraction,
-                                       timings=timings)
+    from .lower import translating
+    with translating(agent):
+        ep, lowered = _export_and_lower(module, inputs, src, user_files, reroll, timings,
+                                        optimizer, problem_module, keep_experts_dispatch,
+                                        routing, select_fraction, train)
     t1 = t0 + timings.get("export_s", 0.0)
     t2 = time.perf_counter()
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
@@ -91,8 +83,24 @@ def analyze_module(module, inputs: Sequence, arch=None, precision_policy: str | 
     rep.sizes_assumed = bool(getattr(ep, "solbound_sizes_assumed", False))
     if validate:
         from .reference import validate_report
-        validate_report(rep, module, tuple(inputs), **validate_opts)
+        with translating(agent):        # a re-trace splices the same translations
+            validate_report(rep, module, tuple(inputs), **validate_opts)
     return rep
+
+
+def _export_and_lower(module, inputs, src, user_files, reroll, timings, optimizer,
+                      problem_module, keep_experts_dispatch, routing, select_fraction, train):
+    if train:
+        from .stacks import export_and_lower_step
+        return export_and_lower_step(
+            module, tuple(inputs), src, user_files=user_files, reroll_layers=reroll,
+            timings=timings, optimizer=optimizer if not isinstance(optimizer, str) else None,
+            optimizer_name=optimizer if isinstance(optimizer, str) else None,
+            problem_module=problem_module, keep_experts=keep_experts_dispatch, routing=routing)
+    from .stacks import export_and_lower
+    return export_and_lower(module, tuple(inputs), src, user_files=user_files,
+                            reroll_layers=reroll, keep_experts=keep_experts_dispatch,
+                            routing=routing, select_fraction=select_fraction, timings=timings)
 
 
 def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
@@ -199,8 +207,10 @@ def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatc
             rep.lowered.program.notes + (note,))
     rep.problem = problem
     if validate:
+        from .lower import translating
         from .reference import validate_report
-        validate_report(rep, None, None, problem=problem, **validate_opts)
+        with translating(agent):
+            validate_report(rep, None, None, problem=problem, **validate_opts)
     return rep
 
 

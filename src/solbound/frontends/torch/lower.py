@@ -15,6 +15,8 @@ un-decomposed export graph (``from_node``), so that e.g. ``silu``'s
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import operator
 import os
 import re
@@ -40,6 +42,19 @@ TORCH_DTYPES = {
 }
 TORCH_DTYPES[torch.complex64] = "c64"
 TORCH_DTYPES[torch.complex128] = "c128"
+
+# the agent (``frontends/agent``) that writes the IR of a node no rule lowers, while
+# ``translating(agent)`` is active; None: such a node is unsupported
+_AGENT: contextvars.ContextVar = contextvars.ContextVar("solbound_agent", default=None)
+
+
+@contextlib.contextmanager
+def translating(agent):
+    token = _AGENT.set(agent)
+    try:
+        yield
+    finally:
+        _AGENT.reset(token)
 for _name, _ir in (("float8_e4m3fn", "f8e4m3"), ("float8_e5m2", "f8e5m2"),
                    ("float8_e4m3fnuz", "f8e4m3fnuz"), ("float8_e5m2fnuz", "f8e5m2fnuz"),
                    ("float8_e8m0fnu", "f8e8m0"), ("float4_e2m1fn_x2", "f4e2m1x2"),
@@ -391,6 +406,7 @@ class Lowering:
         self._names: set[str] = set(RESERVED) | {"t", "b", "g", "k", "j", "c", "cc", "kk", "ts"}
         self._name_log: list[str] = []     # names in order of creation, for rollback
         self._loops = 0                    # sequential loops made so far (their ids)
+        self._agent_feedback: dict[str, str] = {}   # node -> the agent's last refusal
         self._cur_group = ("", "", "")
         self.node_src: dict[str, str] = {}
         self.rules_used: set[str] = set()
@@ -738,11 +754,50 @@ class Lowering:
                 self._undo(*mark)
                 if "not affine" not in reason:
                     break
+        if _AGENT.get() is not None and self._translate(node):
+            return
         self._unsupported(node, reason)
+
+    def _translate(self, node: torch.fx.Node) -> bool:
+        """The agent's validated IR for ``node`` (``frontends/torch/agent.py``), spliced in
+        its place: its inputs the node's tensor arguments (strided views copied into
+        contiguous tensors, in the operator's group), its outputs the node's results. False
+        when there is no target or no accepted translation (the node stays unsupported)."""
+        from ..agent.splice import inline
+        from .agent import at, target_of, tensor_paths
+        agent = _AGENT.get()
+        target = target_of(node, self._cur_group[2])
+        if target is None:
+            return False
+        tr = agent.translate(target)
+        if not tr.accepted:
+            self._agent_feedback[node.name] = tr.feedback[-1]["feedback"] if tr.feedback \
+                else "no reply"
+            return False
+        ctx = OpCtx(self, node)
+        ctx.materialize_views()
+        views = [at(ctx.args, ctx.kwargs, p) for p in tensor_paths(node)]
+        val = node.meta["val"]
+        multi = isinstance(val, (list, tuple))
+        outs = [ctx.output(i if multi else None) for i in range(len(val) if multi else 1)]
+        decls, kernels = inline(tr.program, {o.name: v.base for o, v in zip(target.inputs, views)},
+                                {o.name: v.base for o, v in zip(target.outputs, outs)},
+                                self.fresh, node.name, lambda: self.new_loop("", 0)[2])
+        for d in decls:
+            self.tensors[d.name] = d
+        for k in kernels:
+            self.add_kernel(k, node)
+        self.groups[self._cur_group[0]]["agent"] = {
+            "model": agent.model, "target": target.name, "attempts": tr.attempts,
+            "cached": tr.cached}
+        self.env[node] = outs if multi else outs[0]
+        return True
 
     def _unsupported(self, node: torch.fx.Node, reason: str) -> None:
         opname = re.sub(r"\.default$", "", str(node.target))
         src = self._cur_group[2]
+        if node.name in self._agent_feedback:
+            reason += f"; the agent's IR did not validate: {self._agent_feedback[node.name]}"
         self.unsupported.append(Unsupported(opname, src, reason, node.name))
         val = node.meta.get("val")
         vals = val if isinstance(val, (list, tuple)) else [val]
