@@ -37,7 +37,7 @@ def main() -> None:
     a = ap.parse_args()
     import solbound
     from solbound.frontends.torch.capture import load_problem
-    from solbound.frontends.torch.kernelbench import list_problems
+    from solbound.kernelbench import list_problems
     from solbound.frontends.torch.timing import measure_problem
     from solbound.hardware.catalog import load_spec
     spec = load_spec("host")

@@ -167,7 +167,7 @@ def test_every_fidelity_is_a_bound_with_its_bytes_and_a_fourth_is_one_registrati
     try:
         rep = solbound.analyze_source("examples/mlp_block.py", arch="h100-sxm")
         assert rep.bound("h100-sxm", "everything-twice").bytes == 2 * rep.counts.fused.bytes
-        from solbound.frontends.torch.kernelbench import _columns
+        from solbound.kernelbench import _columns
         assert "sol_everything_twice_s" in _columns()
     finally:
         del FIDELITIES["everything-twice"]

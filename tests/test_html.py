@@ -68,7 +68,7 @@ def test_the_report_renders_in_headless_chromium(report, tmp_path):
 
 
 def test_kernelbench_summary_page_has_a_headroom_distribution_per_fidelity():
-    from solbound.frontends.torch.kernelbench import summary_html
+    from solbound.kernelbench import summary_html
     rows = [{"level": lv, "name": f"p{i}", "status": "ok", "validated": "skipped",
              "bytes_unfused": 4.0, "bytes_fused": 2.0, "sol_fused_s": 1.0,
              "sol_cache_aware_s": 1.5, "headroom_eager": 3.0 + i, "headroom_compile": 2.0 + i,

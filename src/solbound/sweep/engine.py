@@ -160,8 +160,9 @@ class Engine:
                 # the object store holds only small rows: the least Ray allows
                 ray.init(num_cpus=ncpu, object_store_memory=80 * 2**20, **kwargs)
             else:
-                import solbound
-                env: dict = {"py_modules": [os.path.dirname(solbound.__file__)]}
+                # the solbound package (this file's grandparent folder) ships to the workers
+                pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                env: dict = {"py_modules": [pkg]}
                 if self.working_dir:
                     env["working_dir"] = self.working_dir
                 ray.init(address=self.address, runtime_env=env, **kwargs)

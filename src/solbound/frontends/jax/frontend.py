@@ -41,8 +41,10 @@ def analyze_function(fn, args, *, arch=None, precision_policy=None, source=None,
         from ..contract import FrontendError
         raise FrontendError("train=True with a JAX step: the optimizer is the step's own "
                             "code; optimizer= only names it (a string)")
-    lowered = lower(fn, tuple(args), train=train, optimizer=optimizer) if train \
-        else lower(fn, tuple(args))
+    from .lower import translating
+    with translating(agent):
+        lowered = lower(fn, tuple(args), train=train, optimizer=optimizer) if train \
+            else lower(fn, tuple(args))
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"export_s": time.perf_counter() - t0}, cache=cache,
                           modes=modes)
@@ -52,8 +54,9 @@ def analyze_function(fn, args, *, arch=None, precision_policy=None, source=None,
         rep.validation = validate_shard_map(lowered, fn, tuple(args), seed=seed)
     elif validate:
         from .reference import validate_within_budget
-        rep.validation = validate_within_budget(lowered, fn, tuple(args), seed=seed,
-                                                max_bytes=max_bytes, max_seconds=max_seconds)
+        with translating(agent):      # a re-trace at reduced shapes translates those
+            rep.validation = validate_within_budget(lowered, fn, tuple(args), seed=seed,
+                                                    max_bytes=max_bytes, max_seconds=max_seconds)
     return rep
 
 

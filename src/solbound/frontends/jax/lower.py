@@ -15,6 +15,9 @@ become program inputs so the rest is still counted.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import math
 import re
 from dataclasses import dataclass
@@ -192,6 +195,20 @@ def rule(*names: str):
             RULES[n] = fn
         return fn
     return deco
+
+
+# the agent (``frontends/agent``) that writes the IR of an equation no rule lowers, while
+# ``translating(agent)`` is active
+_AGENT: contextvars.ContextVar = contextvars.ContextVar("solbound_agent_jax", default=None)
+
+
+@contextlib.contextmanager
+def translating(agent):
+    token = _AGENT.set(agent)
+    try:
+        yield
+    finally:
+        _AGENT.reset(token)
 
 
 CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
@@ -396,10 +413,64 @@ class JaxLowering:
                 reason = str(e)
                 del self.kernels[n_k:]
                 self.tensors = n_t
+        if _AGENT.get() is not None:
+            done, why = self._translate(eqn, args)
+            if done:
+                return
+            reason += f"; {why}" if why else ""
         self.unsupported.append(Unsupported(f"jax.{name}", _src(eqn) or self._group[2],
                                             reason, name))
         for var in eqn.outvars:
             self.env[var] = self.new_base(f"{name}_unsupported", *aval_ir(var.aval), "input")
+
+    def _translate(self, eqn, args: list) -> tuple[bool, str]:
+        """The agent's validated IR for ``eqn`` (``frontends/jax/agent.py``) spliced in its
+        place: (spliced, why not)."""
+        from ..agent.splice import inline
+        from .agent import target_of
+        agent = _AGENT.get()
+        target = target_of(eqn, _src(eqn) or self._group[2])
+        if target is None or not all(isinstance(a, JView) for a in args):
+            return False, ""
+        tr = agent.translate(target)
+        if not tr.accepted:
+            last = tr.feedback[-1]["feedback"] if tr.feedback else "no reply"
+            return False, f"the agent's IR did not validate: {last}"
+        if self.loop is not None and any(k.loop for k in tr.program.kernels):
+            return False, "the agent's IR has a loop of its own inside a loop"
+        ctx = Ctx(self, eqn, args)
+        bases = []
+        for v in args:                      # strided windows copied into whole tensors
+            if v.is_full(self.tensors[v.base].shape) and v.base not in self.flat:
+                bases.append(v.base)
+                continue
+            c = self.new_base("agent_arg", v.shape, v.dtype)
+            dims = [(f"d{i}", n) for i, n in enumerate(v.shape)]
+            ctx.emit(c, dims, [Aff.var(d) for d, _ in dims],
+                     ctx.load(v, [Aff.var(d) for d, _ in dims]))
+            bases.append(c.base)
+        outs = [ctx.output(i) for i in range(len(eqn.outvars))]
+        decls, kernels = inline(tr.program, {o.name: b for o, b in zip(target.inputs, bases)},
+                                {o.name: v.base for o, v in zip(target.outputs, outs)},
+                                self.fresh, eqn.primitive.name, self._next_loop)
+        for d in decls:
+            self.tensors[d.name] = d
+        loop = self.loop
+        for k in kernels:
+            if k.loop is not None:
+                self.loop = k.loop
+            self.add_kernel(k)
+            self.loop = loop
+        self.groups.setdefault(self._group[0], {"name": self._group[1], "src": self._group[2]})
+        self.groups[self._group[0]]["agent"] = {
+            "model": agent.model, "target": target.name, "attempts": tr.attempts,
+            "cached": tr.cached}
+        ctx.bind(*outs)
+        return True, ""
+
+    def _next_loop(self) -> int:
+        self._loops += 1
+        return self._loops
 
     def _inline(self, eqn) -> None:
         p = eqn.params

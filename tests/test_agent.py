@@ -1,0 +1,285 @@
+"""The agent frontend against a real OpenAI-compatible HTTP server on 127.0.0.1 that
+replays scripted replies (``llm_server.py``): no network, no model, exact counts."""
+
+import json
+import os
+
+import pytest
+
+from llm_server import ScriptedLLM
+from solbound.api import analyze_source
+from solbound.cli import main
+from solbound.frontends.agent import prompt
+from solbound.frontends.agent.endpoint import AgentError, Endpoint
+from solbound.frontends.agent.translate import Agent
+from solbound.frontends.contract import FrontendError
+from solbound.ir.model import SCALAR_OPS
+from solbound.ir.text import parse_program, print_program
+
+HERE = os.path.dirname(__file__)
+NUMPY = os.path.join(HERE, "programs", "numpy_layer.py")
+CUSTOM = os.path.join(HERE, "programs", "custom_op.py")
+JAXCB = os.path.join(HERE, "programs", "jax_callback.py")
+
+LAYER = """# solbound IR v1
+x = input(f32[4, 8])
+w = input(f32[8, 16])
+h = intermediate(f32[4, 16])
+out0 = output(f32[4, 16])
+out1 = output(f32[4])
+
+@kernel(i=4, j=16, k=8)
+def mm():
+    h[i, j] = sum(x[i, k] * w[k, j])
+
+@kernel(i=4, j=16)
+def relu_scale():
+    out0[i, j] = maximum(h[i, j], 0.0) * SCALE
+
+@kernel(i=4, j=16)
+def rowsum():
+    out1[i] = sum(maximum(h[i, j], 0.0))
+"""
+RIGHT = "Here it is:\n```\n" + LAYER.replace("SCALE", "0.5") + "```\n"
+WRONG = "```python\n" + LAYER.replace("SCALE", "0.25") + "```"
+
+RMS = """```
+# solbound IR v1
+x = input(f32[4, 16])
+w = input(f32[16])
+ss = intermediate(f32[4])
+out = output(f32[4, 16])
+
+@kernel(i=4, j=16)
+def sumsq():
+    ss[i] = sum(x[i, j] * x[i, j])
+
+@kernel(i=4, j=16)
+def scale():
+    out[i, j] = x[i, j] * rsqrt(ss[i] / 16.0 + 1e-06) * w[j]
+```"""
+
+
+def _agent(srv, tmp_path, rounds=6, timeout=30.0, retries=2, model="test-model"):
+    ep = Endpoint(model, base_url=srv.url, api_key="unused", timeout=timeout,
+                  max_retries=retries)
+    return Agent(rounds=rounds, cache_dir=str(tmp_path / "cache"), endpoint=ep, say=None)
+
+
+def test_wrong_then_right_carries_the_feedback_and_counts_exactly(tmp_path):
+    with ScriptedLLM([WRONG, RIGHT]) as srv:
+        agent = _agent(srv, tmp_path)
+        rep = analyze_source(NUMPY, arch="h100-sxm", agent=agent)
+    tr = rep.agent["translations"][0]
+    assert tr["accepted"] and tr["attempts"] == 2 and not tr["cached"]
+    assert tr["feedback"][0]["stage"] == "mismatch"
+    assert "output out0 (written by kernel relu_scale) diverges" in tr["feedback"][0]["feedback"]
+    # the second request holds the whole conversation: system, task, reply 1, feedback 1
+    second = srv.requests[1]["messages"]
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+    assert second[2]["content"] == WRONG
+    assert tr["feedback"][0]["feedback"] in second[3]["content"]
+    # counts: x[4,8] @ w[8,16] on the matrix unit; relu and scale, relu and the row sum
+    c = rep.counts
+    assert c.macs == 4 * 8 * 16
+    assert c.flops == {"matrix": 2 * 4 * 8 * 16, "vector": 2 * 64 + 2 * 64, "special": 0}
+    assert c.fused.bytes == 4 * (4 * 8 + 8 * 16 + 4 * 16 + 4)
+    assert rep.validation["status"] == "passed"
+    assert json.loads(rep.to_json())["agent"]["model"] == "test-model"
+
+
+def test_hostile_replies_are_refused_with_their_line_and_never_run(tmp_path):
+    marker = tmp_path / "pwned"
+    hostile = [
+        f"```\nimport os\nos.system('touch {marker}')\n```",
+        "```\n" + LAYER.replace("SCALE", f"exec(\"open('{marker}', 'w')\")") + "```",
+        "```\n" + LAYER.replace("SCALE", "x.__class__") + "```",
+        "```\n" + LAYER.replace("@kernel(i=4, j=16, k=8)",
+                                f"@__import__('os').system('touch {marker}')") + "```",
+        RIGHT]
+    with ScriptedLLM(hostile) as srv:
+        agent = _agent(srv, tmp_path)
+        rep = analyze_source(NUMPY, arch="h100-sxm", agent=agent)
+    fb = rep.agent["translations"][0]["feedback"]
+    assert [f["stage"] for f in fb] == ["parse"] * 4
+    assert "line 1" in fb[0]["feedback"] and "Import" in fb[0]["feedback"]
+    assert "line 14" in fb[1]["feedback"] and "exec" in fb[1]["feedback"]
+    assert "line 14" in fb[2]["feedback"]
+    assert "line 8" in fb[3]["feedback"]
+    assert not marker.exists()
+    assert rep.agent["translations"][0]["accepted"]
+
+
+def test_malformed_replies(tmp_path):
+    script = ["I cannot write IR.", {"content": "```\n# solbound IR v1\nx = input(f32[4",
+                                     "finish": "length"}, RIGHT]
+    with ScriptedLLM(script) as srv:
+        rep = analyze_source(NUMPY, arch="h100-sxm", agent=_agent(srv, tmp_path))
+    fb = [f["feedback"] for f in rep.agent["translations"][0]["feedback"]]
+    assert "no fenced code block" in fb[0]
+    assert "truncated" in fb[1]
+
+
+def test_the_interface_is_checked(tmp_path):
+    extra = RIGHT.replace("h = intermediate", "z = parameter(f32[3])\nh = intermediate")
+    renamed = RIGHT.replace("out1", "total")
+    with ScriptedLLM([extra, renamed, RIGHT]) as srv:
+        rep = analyze_source(NUMPY, arch="h100-sxm", agent=_agent(srv, tmp_path))
+    fb = [f["feedback"] for f in rep.agent["translations"][0]["feedback"]]
+    assert "declares parameter z" in fb[0]
+    assert "no output out1 = output(f32[4])" in fb[1]
+
+
+def test_the_endpoint_failing_is_retried(tmp_path):
+    script = [{"status": 500, "retry_after_ms": 1}, {"status": 429, "retry_after_ms": 1},
+              {"sleep": 1.5, "content": RIGHT}, RIGHT]
+    with ScriptedLLM(script) as srv:
+        agent = _agent(srv, tmp_path, timeout=0.5, retries=3)
+        rep = analyze_source(NUMPY, arch="h100-sxm", agent=agent)
+    assert rep.agent["translations"][0]["attempts"] == 1
+    assert len(srv.requests) == 4       # 500, 429, a timeout, then the reply
+
+
+def test_an_endpoint_that_keeps_failing_is_one_line(tmp_path):
+    with ScriptedLLM([{"status": 503, "retry_after_ms": 1}] * 3) as srv:
+        with pytest.raises(AgentError, match=r"answered HTTP 503 \(after retries\)"):
+            analyze_source(NUMPY, arch="h100-sxm", agent=_agent(srv, tmp_path))
+
+
+def test_rounds_run_out_on_a_whole_program(tmp_path):
+    with ScriptedLLM([WRONG, WRONG]) as srv:
+        with pytest.raises(FrontendError, match="did not validate in 2 attempt"):
+            analyze_source(NUMPY, arch="h100-sxm", agent=_agent(srv, tmp_path, rounds=2))
+
+
+def test_a_rerun_is_served_by_the_cache(tmp_path):
+    with ScriptedLLM([RIGHT]) as srv:
+        analyze_source(NUMPY, arch="h100-sxm", agent=_agent(srv, tmp_path))
+    with ScriptedLLM([]) as srv:
+        rep = analyze_source(NUMPY, arch="h100-sxm", agent=_agent(srv, tmp_path))
+        assert srv.requests == []
+    tr = rep.agent["translations"][0]
+    assert tr["cached"] and tr["accepted"] and rep.agent["requests"] == 0
+    assert rep.counts.macs == 512
+
+
+def test_a_stale_cache_entry_is_translated_anew(tmp_path):
+    with ScriptedLLM([RIGHT]) as srv:
+        agent = _agent(srv, tmp_path)
+        analyze_source(NUMPY, arch="h100-sxm", agent=agent)
+    (path,) = (tmp_path / "cache").iterdir()
+    rec = json.loads(path.read_text())
+    rec["ir"] = rec["ir"].replace("* 0.5", "* 0.75")
+    path.write_text(json.dumps(rec))
+    with ScriptedLLM([RIGHT]) as srv:
+        rep = analyze_source(NUMPY, arch="h100-sxm", agent=_agent(srv, tmp_path))
+        assert len(srv.requests) == 1
+    assert not rep.agent["translations"][0]["cached"]
+
+
+def test_a_custom_op_is_translated_and_spliced(tmp_path):
+    with ScriptedLLM([WRONG, RMS]) as srv:
+        agent = _agent(srv, tmp_path)
+        rep = analyze_source(CUSTOM, arch="h100-sxm", agent=agent, validate=True)
+    assert not rep.unsupported
+    tr = rep.agent["translations"][0]
+    assert tr["target"] == "solbound_test.rms_scale" and tr["accepted"]
+    assert tr["feedback"][0]["stage"] == "interface"
+    # the operator's code and this call's shapes are in the prompt
+    first = srv.requests[0]["messages"][1]["content"]
+    assert "x_np / (rms + eps) ** 0.5" in first and "x = input(f32[4, 16])" in first
+    assert "eps=1e-06" in first
+    # linear 4x16x16 plus the fragment's sum of squares (4x16), exactly
+    assert rep.counts.macs == 4 * 16 * 16 + 4 * 16
+    # x, the rms weight, the linear's weight and bias, the output: once each
+    assert rep.counts.fused.bytes == 4 * (64 + 16 + 256 + 16 + 64)
+    assert rep.validation["status"] == "passed"
+    k = next(k.name for k in rep.program.kernels if "sumsq" in k.name)
+    assert "origin      written by the agent (test-model) for solbound_test.rms_scale" \
+        in rep.explain(k)
+
+
+def test_an_operator_that_never_validates_stays_unsupported(tmp_path):
+    with ScriptedLLM([WRONG, WRONG]) as srv:
+        rep = analyze_source(CUSTOM, arch="h100-sxm", agent=_agent(srv, tmp_path, rounds=2))
+    (u,) = rep.unsupported
+    assert u.operator == "solbound_test.rms_scale"
+    assert "the agent's IR did not validate" in u.reason
+    d = json.loads(rep.to_json())
+    tr = d["agent"]["translations"][0]
+    assert not tr["accepted"] and tr["attempts"] == 2 and len(tr["feedback"]) == 2
+    assert rep.counts.macs == 4 * 16 * 16        # the linear alone: the rest is not counted
+
+
+def test_a_jax_callback_is_translated_and_spliced(tmp_path):
+    softplus = """```
+# solbound IR v1
+x0 = input(f32[4, 16])
+out = output(f32[4, 16])
+
+@kernel(i=4, j=16)
+def softplus():
+    out[i, j] = log1p(exp(x0[i, j]))
+```"""
+    with ScriptedLLM([softplus]) as srv:
+        rep = analyze_source(JAXCB, arch="h100-sxm", agent=_agent(srv, tmp_path), validate=True)
+    assert not rep.unsupported
+    assert rep.counts.macs == 4 * 8 * 16
+    assert rep.counts.fused.bytes == 4 * (4 * 8 + 8 * 16 + 4 * 16)
+    assert rep.validation["status"] == "passed"
+    assert "def host_softplus" in srv.requests[0]["messages"][1]["content"]
+
+
+def test_the_command_line(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "prog.ir"
+    with ScriptedLLM([RIGHT]) as srv:
+        monkeypatch.setenv("OPENAI_BASE_URL", srv.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "unused")
+        monkeypatch.setenv("SOLBOUND_LLM_MODEL", "test-model")
+        args = ["--agent-cache", str(tmp_path / "cache")]
+        assert main(["translate", NUMPY, "-o", str(out)] + args) == 0
+        assert parse_program(out.read_text()).tensor_map["out1"].shape == (4,)
+        capsys.readouterr()
+        # the rerun: from the cache, the JSON report carries the agent block
+        assert main(["analyze", NUMPY, "--agent", "--arch", "h100-sxm", "--json", "-"]
+                    + args) == 0
+        cap = capsys.readouterr()
+        assert json.loads(cap.out)["agent"]["translations"][0]["cached"]
+        assert "from the cache (no request)" in cap.err
+        assert len(srv.requests) == 1
+        # an unknown model is one line
+        assert main(["analyze", NUMPY, "--agent", "--llm-model", "nope"]
+                    + ["--agent-cache", str(tmp_path / "other")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("solbound: error: the LLM endpoint") and "no model 'nope'" in err[-1]
+    # an endpoint that cannot be reached is one line
+    monkeypatch.setenv("OPENAI_BASE_URL", srv.url)        # the server is gone
+    assert main(["analyze", NUMPY, "--agent", "--agent-cache", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "cannot reach the LLM endpoint" in err[-1]
+
+
+def test_a_numpy_program_without_the_agent_is_one_line(capsys):
+    assert main(["analyze", NUMPY]) == 2
+    err = capsys.readouterr().err
+    assert "read by the agent frontend only: add --agent" in err
+
+
+def test_the_prompt_is_built_from_the_grammar_tables():
+    text = prompt.grammar()
+    for op, (arity, _) in SCALAR_OPS.items():
+        if op.startswith("to_") or op in ("operands", "rand"):
+            continue
+        assert op in text or f" {op} " in text or op in ("add", "sub", "mul", "div", "mod",
+                                                          "floordiv", "lt", "le", "gt", "ge",
+                                                          "eq", "ne", "and", "or", "xor",
+                                                          "neg", "not", "pow")
+    assert "a // b" in text and "~a" in text and "a ** b" in text
+    assert "cumsum" in text and "argmax" in text and "searchsorted" in text
+
+
+def test_the_worked_examples_are_what_solbound_ir_prints():
+    for name in prompt.EXAMPLES:
+        rep = analyze_source(os.path.join(prompt.HERE, name + ".py"), arch="h100-sxm")
+        with open(os.path.join(prompt.HERE, name + ".ir")) as f:
+            assert print_program(rep.program) == f.read(), name
