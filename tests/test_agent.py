@@ -17,9 +17,10 @@ from solbound.ir.model import SCALAR_OPS
 from solbound.ir.text import parse_program, print_program
 
 HERE = os.path.dirname(__file__)
-NUMPY = os.path.join(HERE, "programs", "numpy_layer.py")
-CUSTOM = os.path.join(HERE, "programs", "custom_op.py")
-JAXCB = os.path.join(HERE, "programs", "jax_callback.py")
+EXAMPLES = os.path.join(HERE, "..", "examples", "agent")
+NUMPY = os.path.join(EXAMPLES, "numpy_layer.py")
+CUSTOM = os.path.join(EXAMPLES, "custom_op.py")
+JAXCB = os.path.join(EXAMPLES, "jax_callback.py")
 
 LAYER = """# solbound IR v1
 x = input(f32[4, 8])
@@ -283,3 +284,12 @@ def test_the_worked_examples_are_what_solbound_ir_prints():
         rep = analyze_source(os.path.join(prompt.HERE, name + ".py"), arch="h100-sxm")
         with open(os.path.join(prompt.HERE, name + ".ir")) as f:
             assert print_program(rep.program) == f.read(), name
+
+
+def test_over_the_budget_stops_at_once(tmp_path):
+    with ScriptedLLM([RIGHT, RIGHT]) as srv:
+        agent = _agent(srv, tmp_path)
+        agent.max_bytes = 1000                 # the IR's arrays need more
+        with pytest.raises(FrontendError, match="over the validation budget"):
+            analyze_source(NUMPY, arch="h100-sxm", agent=agent)
+        assert len(srv.requests) == 1

@@ -321,6 +321,8 @@ class Agent:
             except Rejected as r:
                 tr.feedback.append({"attempt": attempt, "stage": r.stage,
                                     "feedback": r.feedback})
+                if r.stage == "budget":      # no reply can change the target's size
+                    break
                 messages.append({"role": "user",
                                  "content": prompt.feedback_message(attempt, r.feedback)})
                 continue
