@@ -293,3 +293,29 @@ def test_over_the_budget_stops_at_once(tmp_path):
         with pytest.raises(FrontendError, match="over the validation budget"):
             analyze_source(NUMPY, arch="h100-sxm", agent=agent)
         assert len(srv.requests) == 1
+
+
+def test_a_triton_kernel_is_translated_and_run_in_tritons_interpreter(tmp_path):
+    pytest.importorskip("triton")
+    ir = """```
+# solbound IR v1
+x = input(f32[8, 32])
+y = input(f32[8, 32])
+out = output(f32[8, 32])
+
+@kernel(i=8, j=32)
+def fma_():
+    out[i, j] = x[i, j] * y[i, j] + x[i, j]
+```"""
+    wrong = ir.replace("+ x[i, j]", "+ y[i, j]")
+    with ScriptedLLM([wrong, ir]) as srv:
+        rep = analyze_source(os.path.join(EXAMPLES, "triton_op.py"), arch="h100-sxm",
+                             agent=_agent(srv, tmp_path), validate=True)
+    assert not rep.unsupported and rep.validation["status"] == "passed"
+    first = srv.requests[0]["messages"][1]["content"]
+    assert "the Triton kernel it launches" in first and "tl.store(out_ptr" in first
+    tr = rep.agent["translations"][0]
+    assert tr["attempts"] == 2 and tr["feedback"][0]["stage"] == "mismatch"
+    # x*y + x (a multiply and an add) and the * 2.0 outside, per element; x, y, out once
+    assert rep.counts.flops["vector"] == 3 * 8 * 32
+    assert rep.counts.fused.bytes == 3 * 4 * 8 * 32

@@ -1,6 +1,9 @@
 """The agent's target for one operator the PyTorch lowering cannot lower (a
-``torch.library.custom_op``, an ATen operator without a rule): its code, the shapes and
-dtypes of this call, and the operator itself run on real CPU tensors as the reference.
+``torch.library.custom_op``, a ``torch.library.triton_op``, an ATen operator without a
+rule): its code, the shapes and dtypes of this call, and the operator itself run on real
+CPU tensors as the reference. A Triton kernel the operator launches runs in Triton's
+interpreter (``TRITON_INTERPRET=1``'s ``InterpretedFunction``) on the CPU tensors, and its
+source is part of the prompt.
 
 The lowering (``lower.Lowering._translate``) splices an accepted fragment in place of the
 node: the fragment's inputs are the node's tensor arguments (strided views copied into
@@ -9,7 +12,9 @@ contiguous tensors first, inside the operator's group), its outputs the node's r
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import sys
 
 import numpy as np
 import torch
@@ -56,15 +61,72 @@ def _source(node: torch.fx.Node) -> str:
         opdef = OPDEFS.get(qual)
     except ImportError:
         opdef = None
-    fn = getattr(opdef, "_init_fn", None) if opdef is not None else None
+    fn = _user_function(getattr(opdef, "_init_fn", None)) if opdef is not None else None
     if fn is not None:
         try:
             parts.append(inspect.getsource(fn))
         except (OSError, TypeError):
             pass
+        for kernel in _triton_kernels(fn):
+            try:
+                parts.append("# the Triton kernel it launches:\n"
+                             + inspect.getsource(kernel.fn))
+            except (OSError, TypeError):
+                pass
     elif getattr(node.target, "__doc__", None):
         parts.append('"""' + node.target.__doc__.strip()[:2000] + '"""')
     return "\n".join(parts)
+
+
+def _user_function(fn, depth: int = 3):
+    """The user's own function behind an operator's implementation: ``triton_op`` (and
+    similar wrappers) register a closure of torch's around it."""
+    if fn is None or not (getattr(fn, "__module__", "") or "").startswith("torch") or depth == 0:
+        return fn
+    inner = getattr(fn, "__wrapped__", None)
+    cells = []
+    for c in getattr(fn, "__closure__", None) or ():
+        try:
+            if callable(c.cell_contents):
+                cells.append(c.cell_contents)
+        except ValueError:          # an empty cell
+            pass
+    for cand in ([inner] if inner else []) + cells:
+        found = _user_function(cand, depth - 1)
+        if found is not None and not (found.__module__ or "").startswith("torch"):
+            return found
+    return fn
+
+
+def _triton_kernels(fn) -> list:
+    """The Triton kernels (``@triton.jit`` functions) ``fn`` names among its globals."""
+    names = getattr(getattr(fn, "__code__", None), "co_names", ())
+    g = getattr(fn, "__globals__", {})
+    return [g[n] for n in names if type(g.get(n)).__name__ == "JITFunction"]
+
+
+@contextlib.contextmanager
+def triton_on_cpu():
+    """While active, a Triton kernel launch runs in Triton's interpreter (what
+    ``TRITON_INTERPRET=1`` makes of a kernel at its definition), so the operator runs on
+    CPU tensors; nothing changes when the program did not import triton."""
+    if "triton" not in sys.modules:
+        yield
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    orig = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        interp = self.__dict__.get("_solbound_interpreted")
+        if interp is None:
+            interp = self.__dict__["_solbound_interpreted"] = InterpretedFunction(self.fn)
+        return interp.run(*args, grid=grid, warmup=warmup, **kwargs)
+    JITFunction.run = run
+    try:
+        yield
+    finally:
+        JITFunction.run = orig
 
 
 def target_of(node: torch.fx.Node, src: str) -> Target | None:
@@ -112,7 +174,7 @@ def target_of(node: torch.fx.Node, src: str) -> Target | None:
                 args[p[1]][p[2]] = t
             else:
                 args[p[1]] = t
-        with torch.no_grad():
+        with torch.no_grad(), triton_on_cpu():
             res = node.target(*args, **kwargs)
         res = list(res) if isinstance(res, (list, tuple)) else [res]
         return [r.detach().float().numpy() if r.dtype in (torch.bfloat16, torch.float16)

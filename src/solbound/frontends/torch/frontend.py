@@ -83,7 +83,9 @@ def analyze_module(module, inputs: Sequence, arch=None, precision_policy: str | 
     rep.sizes_assumed = bool(getattr(ep, "solbound_sizes_assumed", False))
     if validate:
         from .reference import validate_report
-        with translating(agent):        # a re-trace splices the same translations
+        from .agent import triton_on_cpu
+        # a re-trace splices the same translations; Triton kernels run interpreted
+        with translating(agent), triton_on_cpu():
             validate_report(rep, module, tuple(inputs), **validate_opts)
     return rep
 
@@ -209,7 +211,8 @@ def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatc
     if validate:
         from .lower import translating
         from .reference import validate_report
-        with translating(agent):
+        from .agent import triton_on_cpu
+        with translating(agent), triton_on_cpu():
             validate_report(rep, None, None, problem=problem, **validate_opts)
     return rep
 
