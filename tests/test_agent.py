@@ -319,3 +319,16 @@ def fma_():
     # x*y + x (a multiply and an add) and the * 2.0 outside, per element; x, y, out once
     assert rep.counts.flops["vector"] == 3 * 8 * 32
     assert rep.counts.fused.bytes == 3 * 4 * 8 * 32
+
+
+def test_the_registry_tells_numpy_from_jax():
+    from solbound.frontends.loading import import_file
+    from solbound.frontends.registry import for_object, for_source
+    assert for_source(NUMPY).name == "numpy"
+    assert for_source(JAXCB).name == "jax"
+    assert for_source(CUSTOM).name == "torch"
+    assert for_source(os.path.join(HERE, "..", "examples", "jax_mlp.py")).name == "jax"
+    fn, args = import_file(NUMPY).example()
+    assert for_object(fn, args).name == "numpy"
+    jfn, jargs = import_file(JAXCB).example()
+    assert for_object(jfn, jargs).name == "jax"
