@@ -332,3 +332,28 @@ def test_the_registry_tells_numpy_from_jax():
     assert for_object(fn, args).name == "numpy"
     jfn, jargs = import_file(JAXCB).example()
     assert for_object(jfn, jargs).name == "jax"
+
+
+def test_over_the_budget_a_reduced_instance_validates_the_full_size_ir(tmp_path):
+    sized = os.path.join(HERE, "programs", "numpy_sized.py")
+
+    def ir(n):
+        return (f"```\n# solbound IR v1\nx = input(f32[{n}, {n}])\nout = output(f32[{n}, {n}])"
+                f"\n\n@kernel(i={n}, j={n})\ndef twice():\n    out[i, j] = x[i, j] * 2.0\n```")
+    with ScriptedLLM([ir(64), ir(32)]) as srv:
+        agent = _agent(srv, tmp_path)
+        agent.max_bytes = 50_000       # the 64x64 IR needs about 74 kB to run, 32x32 18 kB
+        rep = analyze_source(sized, arch="h100-sxm", agent=agent)
+        assert "f32[32, 32]" in srv.requests[1]["messages"][1]["content"]
+    assert rep.counts.flops["vector"] == 64 * 64
+    assert rep.counts.fused.bytes == 2 * 4 * 64 * 64
+    assert rep.validation["status"] == "passed" and rep.validation["reduced"] == "N=64->32"
+    full = rep.agent["translations"][0]
+    assert full["accepted"] and full["feedback"][0]["stage"] == "budget"
+    # the rerun takes the full-size IR from the cache, with its reduced validation
+    with ScriptedLLM([]) as srv:
+        agent = _agent(srv, tmp_path)
+        agent.max_bytes = 50_000
+        rep = analyze_source(sized, arch="h100-sxm", agent=agent)
+        assert srv.requests == []
+    assert rep.agent["translations"][0]["cached"] and rep.validation["reduced"] == "N=64->32"

@@ -288,7 +288,12 @@ class Agent:
         if hit is not None:
             try:
                 p = parse_program(hit["ir"])
-                val = verify(p, target, feeds, expected, self.max_bytes, self.max_seconds)
+                if hit.get("reduced"):       # validated on a reduced instance (see below)
+                    check_interface(p, target)
+                    val = hit["validation"]
+                else:
+                    val = verify(p, target, feeds, expected, self.max_bytes,
+                                 self.max_seconds)
                 tr = Translation(target.name, True, p, hit["ir"], hit.get("attempts", 0),
                                  True, validation=val, src=target.src)
                 return self._done(key, tr, t0)
@@ -321,7 +326,8 @@ class Agent:
             except Rejected as r:
                 tr.feedback.append({"attempt": attempt, "stage": r.stage,
                                     "feedback": r.feedback})
-                if r.stage == "budget":      # no reply can change the target's size
+                if r.stage == "budget":      # no reply can change the target's size:
+                    tr.program, tr.text = p, text   # IR that passed all but the run
                     break
                 messages.append({"role": "user",
                                  "content": prompt.feedback_message(attempt, r.feedback)})
@@ -331,6 +337,23 @@ class Agent:
                                  "attempts": attempt})
             break
         return self._done(key, tr, t0)
+
+    def accept_reduced(self, target: Target, tr: Translation, reduced: Translation,
+                       how: str) -> Translation:
+        """Accept ``tr``, IR over the validation budget that passed everything but the
+        run, on the strength of ``reduced``: the accepted translation of a reduced
+        instance of the same program (``how`` names the reduction) whose kernels have the
+        same structure. Cached as such."""
+        tr.accepted = True
+        tr.validation = {**(reduced.validation or {}), "reduced": how,
+                         "summary": f"{(reduced.validation or {}).get('summary', '')} at "
+                                    f"reduced sizes ({how})"}
+        key = cache_key(target, self.model, prompt.VERSION)
+        self.cache.put(key, {"ir": tr.text, "model": self.model, "target": target.name,
+                             "attempts": tr.attempts, "reduced": how,
+                             "validation": tr.validation})
+        self.say(tr.line())
+        return tr
 
     def _done(self, key: str, tr: Translation, t0: float) -> Translation:
         tr.seconds = time.perf_counter() - t0

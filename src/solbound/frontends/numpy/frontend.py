@@ -81,13 +81,54 @@ def _source(fn, spec: str) -> str:
         return inspect.getsource(fn)
 
 
-def lower(fn, args: tuple, spec: str, agent) -> LoweredProgram:
+def shrunk(spec: str, params: dict | None):
+    """Smaller instances of a numpy program file: its module-level integer constants of 32
+    or more (sizes), halved together, then quartered, ...: ``(description, overrides)``."""
+    from ..loading import import_file
+    if not os.path.exists(spec):
+        return
+    mod = import_file(spec)
+    sizes = {k: v for k, v in vars(mod).items()
+             if type(v) is int and not k.startswith("_") and v >= 32 and k not in (params or {})}
+    for shift in range(1, 6):
+        new = {k: max(1, v >> shift) for k, v in sizes.items()}
+        if new:
+            yield ", ".join(f"{k}={sizes[k]}->{new[k]}" for k in sorted(new)), new
+
+
+def _validate_reduced(spec: str, params: dict | None, agent, full: Target, tr):
+    """IR over the validation budget: translate a reduced instance of the same file (its
+    size constants scaled down) and accept the full-size IR when the reduced one validates
+    and has the same kernel structure (what the traced frontends require of a reduced
+    instance too)."""
+    from ...validate.compare import _structure
+    from ..loading import example_of
+    for how, overrides in shrunk(spec, params):
+        fn, args = example_of(spec, {**(params or {}), **overrides})
+        small = agent.translate(target(fn, tuple(args), spec))
+        if not small.accepted:
+            if small.feedback and small.feedback[-1]["stage"] == "budget":
+                continue                    # still too large: shrink further
+            break
+        if _structure(small.program) != _structure(tr.program):
+            tr.feedback.append({"attempt": tr.attempts, "stage": "reduced", "feedback":
+                                f"the IR of the reduced instance ({how}) has another kernel "
+                                f"structure than the full-size IR"})
+            return tr
+        return agent.accept_reduced(full, tr, small, how)
+    return tr
+
+
+def lower(fn, args: tuple, spec: str, agent, params: dict | None = None) -> LoweredProgram:
     """The agent's validated IR of ``fn(*args)`` as a lowered program."""
     if agent is None:
         raise FrontendError(f"{spec}: a numpy program is read by the agent frontend only: "
                             f"add --agent (with an endpoint and --llm-model)")
     t = target(fn, tuple(args), spec)
     tr = agent.translate(t)
+    if not tr.accepted and tr.program is not None and tr.feedback \
+            and tr.feedback[-1]["stage"] == "budget":
+        tr = _validate_reduced(spec, params, agent, t, tr)
     if not tr.accepted:
         last = tr.feedback[-1]["feedback"] if tr.feedback else "no reply"
         raise FrontendError(f"{spec}: the agent's IR did not validate in {tr.attempts} "
@@ -118,7 +159,7 @@ def _contiguous(shape) -> list[int]:
 
 def analyze_function(fn, args, *, arch=None, precision_policy=None, source=None,
                      validate: bool = False, agent=None, cache=None, modes=None,
-                     train: bool = False, **_ignored):
+                     train: bool = False, params: dict | None = None, **_ignored):
     """``fn(*args)`` with numpy arrays, translated by ``agent``. The report's validation
     is the accepted IR's (run against ``fn`` on ``args``)."""
     import time
@@ -128,7 +169,7 @@ def analyze_function(fn, args, *, arch=None, precision_policy=None, source=None,
         raise FrontendError(f"{src}: --train differentiates a PyTorch or JAX program; a "
                             f"numpy program has no backward to read")
     t0 = time.perf_counter()
-    lowered = lower(fn, tuple(args), src, agent)
+    lowered = lower(fn, tuple(args), src, agent, params)
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"translate_s": time.perf_counter() - t0}, cache=cache,
                           modes=modes)
@@ -146,4 +187,4 @@ def analyze_source(spec: str, params: dict | None = None, world_size=None, tp=No
                                 f"runs on one chip")
     fn, args = example_of(spec, params)
     return analyze_function(fn, args if isinstance(args, (tuple, list)) else (args,),
-                            source=spec, **opts)
+                            source=spec, params=params, **opts)
