@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .frontends.registry import for_object, for_source
-from .pipeline import analyze_lowered, specs_of as _specs  # noqa: F401 - public helpers
+from .pipeline import analyze_lowered
 from .report.report import Report
 
 

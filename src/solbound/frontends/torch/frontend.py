@@ -13,11 +13,11 @@ from ...pipeline import analyze_lowered
 
 
 def analyze_module(module, inputs: Sequence, arch=None, precision_policy: str | None = None,
-            source: str | None = None, validate: bool = False,
-            keep_experts_dispatch: bool = False, routing: str | None = None,
-            select_fraction: float | None = None, cache=None, train: bool = False,
-            optimizer=None, problem_module=None, reroll: bool = True, modes=None,
-            dp: int | None = None, agent=None, **validate_opts):
+                   source: str | None = None, validate: bool = False,
+                   keep_experts_dispatch: bool = False, routing: str | None = None,
+                   select_fraction: float | None = None, cache=None, train: bool = False,
+                   optimizer=None, problem_module=None, reroll: bool = True, modes=None,
+                   dp: int | None = None, agent=None, **validate_opts):
     """Analyze ``module(*inputs)``: capture, lower to the loop IR, count, bound.
 
     ``train=True`` analyzes the training step instead (``frontends/torch/train.py``):
@@ -46,10 +46,10 @@ def analyze_module(module, inputs: Sequence, arch=None, precision_policy: str | 
         from .train import data_parallel
         with fake_world(dp), data_parallel(dp):
             rep = analyze_module(module, inputs, arch=arch, precision_policy=precision_policy,
-                          source=source, keep_experts_dispatch=keep_experts_dispatch,
-                          routing=routing, select_fraction=select_fraction, cache=cache,
-                          train=True, optimizer=optimizer, problem_module=problem_module,
-                          reroll=reroll, modes=modes, agent=agent)
+                                 source=source, keep_experts_dispatch=keep_experts_dispatch,
+                                 routing=routing, select_fraction=select_fraction, cache=cache,
+                                 train=True, optimizer=optimizer, problem_module=problem_module,
+                                 reroll=reroll, modes=modes, agent=agent)
         rep.world_size = dp
         return rep
     if not isinstance(inputs, (tuple, list)):
@@ -198,11 +198,11 @@ def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatc
     # transformers' tensor-parallel layers run on local shards with explicit all-reduces
     # for inference (grad disabled); with grad enabled they compute through DTensor
     with torch.no_grad() if tp > 1 else contextlib.nullcontext():
-        rep = analyze_module(model, inputs, arch=arch, precision_policy=precision_policy, source=spec,
-                      keep_experts_dispatch=keep_experts_dispatch, routing=routing,
-                      select_fraction=select_fraction, cache=cache, train=train,
-                      optimizer=optimizer, problem_module=problem.module, reroll=reroll,
-                      modes=modes, agent=agent)
+        rep = analyze_module(model, inputs, arch=arch, precision_policy=precision_policy,
+                             source=spec, keep_experts_dispatch=keep_experts_dispatch,
+                             routing=routing, select_fraction=select_fraction, cache=cache,
+                             train=train, optimizer=optimizer, problem_module=problem.module,
+                             reroll=reroll, modes=modes, agent=agent)
     if note:
         rep.lowered.program = rep.lowered.program.__class__(
             rep.lowered.program.tensors, rep.lowered.program.kernels,
