@@ -138,7 +138,7 @@ def test_analyze_param_passes_keyword_arguments_and_module_constants(tmp_path, c
 def test_a_sweep_on_local_ray_survives_raising_dying_and_slow_points(tmp_path, capsys,
                                                                     monkeypatch):
     path = _write(tmp_path, grid="batch = [1, 2, 3, 4, 5, 6]", program="prog:flaky",
-                  extra="timeout = 15\nmemory = 4")
+                  extra="timeout = 40\nmemory = 4")
     out, js, page = tmp_path / "out.csv", tmp_path / "out.json", tmp_path / "out.html"
     assert main(["sweep", path, "--csv", str(out), "--json", str(js), "--html", str(page),
                  "--jobs", "2"]) == 0
@@ -153,7 +153,7 @@ def test_a_sweep_on_local_ray_survives_raising_dying_and_slow_points(tmp_path, c
     assert status["1"] == ("ok", "") and status["4"] == ("ok", "")
     assert status["2"][0] == "error" and "ValueError: batch 2 is refused" in status["2"][1]
     assert status["3"][0] == "died" and "worker process died" in status["3"][1]
-    assert status["5"][0] == "timeout" and "time limit of 15 s" in status["5"][1]
+    assert status["5"][0] == "timeout" and "time limit of 40 s" in status["5"][1]
     assert status["6"][0] == "error" and "over the memory limit of 4 GiB" in status["6"][1]
     assert {r["engine"] for r in rows} == {"ray-local"}
     ok = [r for r in rows if r["status"] == "ok"]
