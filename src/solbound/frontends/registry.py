@@ -90,6 +90,17 @@ def _example_file(f: FileFacts) -> bool:
     return "example" in f.defines and "Model" not in f.classes
 
 
+# what a numpy program may import: the standard library and numerical libraries that no
+# tracer reads (a sibling module or anything else may hold a torch or JAX model)
+NUMPY_OK = frozenset({"numpy", "scipy", "numba", "ml_dtypes"})
+
+
+def _numpy_only(names: set[str]) -> bool:
+    import sys
+    return "numpy" in names and all(n in NUMPY_OK or n in sys.stdlib_module_names
+                                    or n == "__future__" for n in names)
+
+
 def _is_torch_module(obj) -> bool:
     """An ``nn.Module`` (decided without importing torch)."""
     return any(c.__name__ == "Module" and c.__module__.startswith("torch.nn")
@@ -123,7 +134,7 @@ def _numpy_object(obj, args) -> bool:
     names = module_imports(mod)
     np_ = sys.modules.get("numpy")
     arrays = [a for a in args if np_ is not None and isinstance(a, np_.ndarray)]
-    return "numpy" in names and not names & (JAX_MODULES | TORCH_MODULES) and bool(arrays) \
+    return _numpy_only(names) and bool(arrays) \
         and all(np_ is not None and isinstance(a, (np_.ndarray, np_.generic, int, float, bool))
                 for a in args)
 
@@ -139,16 +150,14 @@ FRONTENDS: list[Frontend] = [
              measure="solbound.frontends.torch.frontend:measure"),
     Frontend("numpy", "a file whose example() returns (function, args) with numpy arrays, "
                       "importing neither torch nor JAX (translated by the agent: --agent)",
-             claims_file=lambda f: _example_file(f) and "numpy" in f.imports
-             and not f.imports & (JAX_MODULES | TORCH_MODULES),
-             claims_module=lambda names: "numpy" in names
-             and not names & (JAX_MODULES | TORCH_MODULES),
+             claims_file=lambda f: _example_file(f) and _numpy_only(f.imports),
+             claims_module=_numpy_only,
              claims_object=_numpy_object,
              analyze_source="solbound.frontends.numpy.frontend:analyze_source",
              analyze_object="solbound.frontends.numpy.frontend:analyze_function"),
     Frontend("jax", "a file whose example() returns (function, args), importing JAX; a JAX "
                     "function",
-             claims_file=lambda f: _example_file(f) and bool(f.imports & JAX_MODULES),
+             claims_file=lambda f: _example_file(f) and not f.imports & TORCH_MODULES,
              claims_module=lambda names: bool(names & JAX_MODULES) and "torch" not in names,
              claims_object=lambda obj, args: callable(obj) and not _is_torch_module(obj),
              analyze_source="solbound.frontends.jax.frontend:analyze_source",

@@ -520,7 +520,7 @@ def _parse_library(dec: ast.Call) -> tuple:
             name = val
         else:
             params.append((kw.arg, val))
-    if name not in ROUTINES:
+    if not isinstance(name, str) or name not in ROUTINES:
         raise _err(dec, f"unknown library routine {name!r} (known: {', '.join(sorted(ROUTINES))})")
     return (name, tuple(params))
 

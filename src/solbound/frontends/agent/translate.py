@@ -19,6 +19,7 @@ source, shapes, dtypes and the model (``cache.py``): a rerun sends no request.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 import time
@@ -39,6 +40,7 @@ from .endpoint import AgentError, Endpoint
 from .prompt import Operand
 
 DEFAULT_ROUNDS = 6
+MAX_POINTS = 1 << 34         # points of one kernel a validation may visit
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.S)
 
 
@@ -190,17 +192,38 @@ def verify(p: Program, target: Target, feeds: list[np.ndarray], expected: list[n
     from ...analysis.counts import count_program
     from ...graph.einsum import build_graph
     check_interface(p, target)
-    flops = sum(count_program(build_graph(p)).flops.values())
+    # what is declared and how many points a kernel visits, before any analysis allocates
+    declared = sum(t.numel * max(8, DTYPE_BYTES[t.dtype]) for t in p.tensors)
+    points = max((math.prod(k.count_extents.values()) for k in p.kernels), default=0)
+    if declared > max_bytes or points > MAX_POINTS:
+        raise Rejected("budget", f"the IR declares {declared / 2**30:.2f} GiB of tensors and "
+                                 f"a kernel of {points:,} points, over the validation budget "
+                                 f"({max_bytes / 2**30:.2f} GiB, {MAX_POINTS:,} points)")
+    try:
+        flops = sum(count_program(build_graph(p)).flops.values())
+    except Exception as e:  # noqa: BLE001 - IR the parser accepts but counting cannot read
+        raise Rejected("parse", f"the IR cannot be analyzed: {type(e).__name__}: "
+                                f"{str(e)[:300]}") from None
     mem, secs = estimate_cost(p, flops)
     if mem > max_bytes or secs > max_seconds:
         raise Rejected("budget", f"the IR would need about {mem / 2**30:.2f} GiB and "
                                  f"{secs:.1f} s to run, over the validation budget "
                                  f"({max_bytes / 2**30:.2f} GiB, {max_seconds:.0f} s)")
     t0 = time.perf_counter()
+
+    def clock(*_):
+        if time.perf_counter() - t0 > max_seconds:
+            raise Rejected("budget", f"the IR ran past the validation budget of "
+                                     f"{max_seconds:.0f} s")
     try:
         with np.errstate(all="ignore"):
-            arrays = execute(p, {o.name: a for o, a in zip(target.inputs, feeds)})
+            arrays = execute(p, {o.name: a for o, a in zip(target.inputs, feeds)},
+                             on_kernel=clock, on_iteration=clock)
+    except Rejected:
+        raise
     except ExecutionError as e:
+        if isinstance(e.__cause__, Rejected):
+            raise e.__cause__ from None
         raise Rejected("run", f"the IR failed to run: {e}") from None
     except Exception as e:  # noqa: BLE001 - any failure of a model's IR is feedback
         raise Rejected("run", f"the IR failed to run: {type(e).__name__}: {e}") from None
@@ -252,8 +275,8 @@ class Agent:
         self._endpoint = endpoint
         self.say = say or (lambda m: None)
         self.seed = seed
-        self.max_bytes = max_bytes or DEFAULT_MAX_BYTES
-        self.max_seconds = max_seconds or DEFAULT_MAX_SECONDS
+        self.max_bytes = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
+        self.max_seconds = DEFAULT_MAX_SECONDS if max_seconds is None else max_seconds
         self.translations: list[Translation] = []
         self._memo: dict[str, Translation] = {}
 
@@ -288,16 +311,11 @@ class Agent:
         if hit is not None:
             try:
                 p = parse_program(hit["ir"])
-                if hit.get("reduced"):       # validated on a reduced instance (see below)
-                    check_interface(p, target)
-                    val = hit["validation"]
-                else:
-                    val = verify(p, target, feeds, expected, self.max_bytes,
-                                 self.max_seconds)
+                val = verify(p, target, feeds, expected, self.max_bytes, self.max_seconds)
                 tr = Translation(target.name, True, p, hit["ir"], hit.get("attempts", 0),
                                  True, validation=val, src=target.src)
                 return self._done(key, tr, t0)
-            except (IRSyntaxError, IRError, Rejected):
+            except (IRSyntaxError, IRError, Rejected, TypeError, ValueError):
                 self.cache.drop(key)           # stale: translate anew
         messages = [{"role": "system", "content": prompt.SYSTEM},
                     {"role": "user", "content": prompt.first_message(
@@ -321,14 +339,16 @@ class Agent:
                                             f"{f' `{line[:120]}`' if line else ''}: {e.msg}")
                 except IRError as e:
                     raise Rejected("parse", f"the IR is not well formed: {e}")
+                except (TypeError, ValueError, RecursionError) as e:
+                    raise Rejected("parse", f"the IR is not well formed: "
+                                            f"{type(e).__name__}: {e}")
                 tr.validation = verify(p, target, feeds, expected, self.max_bytes,
                                        self.max_seconds)
             except Rejected as r:
                 tr.feedback.append({"attempt": attempt, "stage": r.stage,
                                     "feedback": r.feedback})
-                if r.stage == "budget":      # no reply can change the target's size:
-                    tr.program, tr.text = p, text   # IR that passed all but the run
-                    break
+                if r.stage == "budget" and self._io_over(target):
+                    break                    # the target's own tensors are over the budget
                 messages.append({"role": "user",
                                  "content": prompt.feedback_message(attempt, r.feedback)})
                 continue
@@ -338,22 +358,11 @@ class Agent:
             break
         return self._done(key, tr, t0)
 
-    def accept_reduced(self, target: Target, tr: Translation, reduced: Translation,
-                       how: str) -> Translation:
-        """Accept ``tr``, IR over the validation budget that passed everything but the
-        run, on the strength of ``reduced``: the accepted translation of a reduced
-        instance of the same program (``how`` names the reduction) whose kernels have the
-        same structure. Cached as such."""
-        tr.accepted = True
-        tr.validation = {**(reduced.validation or {}), "reduced": how,
-                         "summary": f"{(reduced.validation or {}).get('summary', '')} at "
-                                    f"reduced sizes ({how})"}
-        key = cache_key(target, self.model, prompt.VERSION)
-        self.cache.put(key, {"ir": tr.text, "model": self.model, "target": target.name,
-                             "attempts": tr.attempts, "reduced": how,
-                             "validation": tr.validation})
-        self.say(tr.line())
-        return tr
+    def _io_over(self, target: Target) -> bool:
+        """The target's inputs and outputs alone exceed the memory budget: no IR for it
+        can run here, however lean."""
+        io = sum(math.prod(o.shape) * 8 for o in target.inputs + target.outputs)
+        return 3 * io > self.max_bytes
 
     def _done(self, key: str, tr: Translation, t0: float) -> Translation:
         tr.seconds = time.perf_counter() - t0

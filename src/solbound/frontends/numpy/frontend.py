@@ -81,44 +81,6 @@ def _source(fn, spec: str) -> str:
         return inspect.getsource(fn)
 
 
-def shrunk(spec: str, params: dict | None):
-    """Smaller instances of a numpy program file: its module-level integer constants of 32
-    or more (sizes), halved together, then quartered, ...: ``(description, overrides)``."""
-    from ..loading import import_file
-    if not os.path.exists(spec):
-        return
-    mod = import_file(spec)
-    sizes = {k: v for k, v in vars(mod).items()
-             if type(v) is int and not k.startswith("_") and v >= 32 and k not in (params or {})}
-    for shift in range(1, 6):
-        new = {k: max(1, v >> shift) for k, v in sizes.items()}
-        if new:
-            yield ", ".join(f"{k}={sizes[k]}->{new[k]}" for k in sorted(new)), new
-
-
-def _validate_reduced(spec: str, params: dict | None, agent, full: Target, tr):
-    """IR over the validation budget: translate a reduced instance of the same file (its
-    size constants scaled down) and accept the full-size IR when the reduced one validates
-    and has the same kernel structure (what the traced frontends require of a reduced
-    instance too)."""
-    from ...validate.compare import _structure
-    from ..loading import example_of
-    for how, overrides in shrunk(spec, params):
-        fn, args = example_of(spec, {**(params or {}), **overrides})
-        small = agent.translate(target(fn, tuple(args), spec))
-        if not small.accepted:
-            if small.feedback and small.feedback[-1]["stage"] == "budget":
-                continue                    # still too large: shrink further
-            break
-        if _structure(small.program) != _structure(tr.program):
-            tr.feedback.append({"attempt": tr.attempts, "stage": "reduced", "feedback":
-                                f"the IR of the reduced instance ({how}) has another kernel "
-                                f"structure than the full-size IR"})
-            return tr
-        return agent.accept_reduced(full, tr, small, how)
-    return tr
-
-
 def lower(fn, args: tuple, spec: str, agent, params: dict | None = None) -> LoweredProgram:
     """The agent's validated IR of ``fn(*args)`` as a lowered program."""
     if agent is None:
@@ -126,9 +88,6 @@ def lower(fn, args: tuple, spec: str, agent, params: dict | None = None) -> Lowe
                             f"add --agent (with an endpoint and --llm-model)")
     t = target(fn, tuple(args), spec)
     tr = agent.translate(t)
-    if not tr.accepted and tr.program is not None and tr.feedback \
-            and tr.feedback[-1]["stage"] == "budget":
-        tr = _validate_reduced(spec, params, agent, t, tr)
     if not tr.accepted:
         last = tr.feedback[-1]["feedback"] if tr.feedback else "no reply"
         raise FrontendError(f"{spec}: the agent's IR did not validate in {tr.attempts} "

@@ -158,7 +158,10 @@ def target_of(node: torch.fx.Node, src: str) -> Target | None:
                for i, v in enumerate(vals)]
     params = {}
     for i, a in enumerate(node.args):
-        if not isinstance(a, (torch.fx.Node, list, tuple)):
+        if isinstance(a, (list, tuple)):          # tensors in a list: named by position
+            a = type(a)(f"<tensor {n}>" if isinstance(b, torch.fx.Node) else b
+                        for n, b in enumerate(a))
+        if not isinstance(a, torch.fx.Node):
             params[names[i] if i < len(names) else f"a{i}"] = a
     params.update({k: a for k, a in node.kwargs.items() if not isinstance(a, torch.fx.Node)})
     in_dtypes = [at(node.args, node.kwargs, p).meta["val"].dtype for p in paths]

@@ -774,9 +774,11 @@ class Lowering:
             self._agent_feedback[node.name] = tr.feedback[-1]["feedback"] if tr.feedback \
                 else "no reply"
             return False
+        from .rules.views import materialize
         ctx = OpCtx(self, node)
         ctx.materialize_views()
         views = [at(ctx.args, ctx.kwargs, p) for p in tensor_paths(node)]
+        views = [v if v.is_full else materialize(ctx, v) for v in views]   # keyword views
         val = node.meta["val"]
         multi = isinstance(val, (list, tuple))
         outs = [ctx.output(i if multi else None) for i in range(len(val) if multi else 1)]
