@@ -62,7 +62,8 @@ class Endpoint:
                              f"{_first(e.__cause__ or e)}") from None
         except oa.NotFoundError as e:
             raise AgentError(f"the LLM endpoint {self.where} has no model {self.model!r} "
-                             f"(HTTP 404: {_first(_message(e))})") from None
+                             f"(HTTP 404: {_first(_message(e))}; is the model served, and "
+                             f"does the URL end in /v1?)") from None
         except oa.AuthenticationError as e:
             raise AgentError(f"the LLM endpoint {self.where} refused the key (HTTP 401: "
                              f"{_first(_message(e))}); set OPENAI_API_KEY") from None
@@ -75,7 +76,11 @@ class Endpoint:
         if not getattr(r, "choices", None):
             raise AgentError(f"the LLM endpoint {self.where} sent a reply with no choices")
         choice = r.choices[0]
-        return (choice.message.content or ""), (choice.finish_reason or "")
+        content = choice.message.content or ""
+        if not isinstance(content, str):       # a server that sends content parts
+            content = "".join(p.get("text", "") if isinstance(p, dict) else
+                              str(getattr(p, "text", p)) for p in content)
+        return content, (choice.finish_reason or "")
 
 
 def _message(e) -> str:
