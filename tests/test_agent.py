@@ -355,3 +355,26 @@ def test_the_registry_tells_numpy_from_jax():
     assert for_object(fn, args).name == "numpy"
     jfn, jargs = import_file(JAXCB).example()
     assert for_object(jfn, jargs).name == "jax"
+
+
+def test_over_the_time_budget_the_same_ir_is_checked_on_a_slice(tmp_path):
+    """The full-size IR itself, its outputs computed on their first rows only (producers
+    confined by the demand pass): a wrong IR still fails, a right one passes, partially."""
+    with ScriptedLLM([WRONG, RIGHT]) as srv:
+        agent = _agent(srv, tmp_path)
+        agent.max_seconds = 3e-7          # the whole IR is estimated at ~4e-7 s
+        rep = analyze_source(NUMPY, arch="h100-sxm", agent=agent)
+    tr = rep.agent["translations"][0]
+    assert tr["attempts"] == 2 and tr["feedback"][0]["stage"] == "mismatch"
+    assert "first 1/2 of its rows" in rep.validation["partial"]
+    assert rep.counts.macs == 4 * 8 * 16          # the counts are the whole IR's
+
+
+def test_sliced_confines_producers_to_the_rows_read():
+    from solbound.analysis.counts import count_program
+    from solbound.frontends.agent.translate import sliced
+    from solbound.graph.einsum import build_graph
+    p = parse_program(LAYER.replace("SCALE", "0.5"))
+    q = sliced(p, {"out0", "out1"}, 2)
+    assert count_program(build_graph(q)).macs == 2 * 8 * 16      # rows 0..1 of h
+    assert sliced(p, {"out0", "out1"}, 4) is not None
