@@ -273,7 +273,7 @@ def sliced(p: Program, outputs: set[str], denominator: int) -> Program | None:
     demand pass): the same IR at full size, less work. None when an output cannot be
     sliced so (several writers, a scatter, a library routine, a scan or loop writing it,
     a first index that is not one loop variable, an output read by another kernel)."""
-    from ...ir.affine import Atom
+    from ...ir.affine import Aff, Atom
     from ...ir.demand import restrict_to_demand
     from ...ir.model import kernel_reads
     ks = list(p.kernels)
@@ -287,7 +287,7 @@ def sliced(p: Program, outputs: set[str], denominator: int) -> Program | None:
         k = ks[pos[0]]
         first = k.out_index[0] if k.out_index else None
         if k.scatter or k.lib or k.scan or k.loop is not None or k.out2 is not None \
-                or not hasattr(first, "terms") or len(first.terms) != 1 \
+                or not isinstance(first, Aff) or len(first.terms) != 1 \
                 or first.terms[0][1] != 1:
             return None
         ks[pos[0]] = k.with_(guard=k.guard + (Atom(first, 0, _rows(decl[o].shape[0],

@@ -81,7 +81,7 @@ def _source(fn, spec: str) -> str:
         return inspect.getsource(fn)
 
 
-def lower(fn, args: tuple, spec: str, agent, params: dict | None = None) -> LoweredProgram:
+def lower(fn, args: tuple, spec: str, agent) -> LoweredProgram:
     """The agent's validated IR of ``fn(*args)`` as a lowered program."""
     if agent is None:
         raise FrontendError(f"{spec}: a numpy program is read by the agent frontend only: "
@@ -118,7 +118,7 @@ def _contiguous(shape) -> list[int]:
 
 def analyze_function(fn, args, *, arch=None, precision_policy=None, source=None,
                      validate: bool = False, agent=None, cache=None, modes=None,
-                     train: bool = False, params: dict | None = None, **_ignored):
+                     train: bool = False, **_ignored):
     """``fn(*args)`` with numpy arrays, translated by ``agent``. The report's validation
     is the accepted IR's (run against ``fn`` on ``args``)."""
     import time
@@ -128,7 +128,7 @@ def analyze_function(fn, args, *, arch=None, precision_policy=None, source=None,
         raise FrontendError(f"{src}: --train differentiates a PyTorch or JAX program; a "
                             f"numpy program has no backward to read")
     t0 = time.perf_counter()
-    lowered = lower(fn, tuple(args), src, agent, params)
+    lowered = lower(fn, tuple(args), src, agent)
     rep = analyze_lowered(lowered, source=src, arch=arch, precision_policy=precision_policy,
                           timings={"translate_s": time.perf_counter() - t0}, cache=cache,
                           modes=modes)
@@ -146,4 +146,4 @@ def analyze_source(spec: str, params: dict | None = None, world_size=None, tp=No
                                 f"runs on one chip")
     fn, args = example_of(spec, params)
     return analyze_function(fn, args if isinstance(args, (tuple, list)) else (args,),
-                            source=spec, params=params, **opts)
+                            source=spec, **opts)

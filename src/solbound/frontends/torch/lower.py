@@ -776,9 +776,8 @@ class Lowering:
             return False
         from .rules.views import materialize
         ctx = OpCtx(self, node)
-        ctx.materialize_views()
         views = [at(ctx.args, ctx.kwargs, p) for p in tensor_paths(node)]
-        views = [v if v.is_full else materialize(ctx, v) for v in views]   # keyword views
+        views = [v if v.is_full else materialize(ctx, v) for v in views]
         val = node.meta["val"]
         multi = isinstance(val, (list, tuple))
         outs = [ctx.output(i if multi else None) for i in range(len(val) if multi else 1)]
