@@ -502,3 +502,39 @@ def test_expert_parallel_moe_layer_per_rank():
         [("all_to_all", buf, n), ("all_to_all", buf, n)]
     assert rep.bound("a100-sxm").comm_seconds == pytest.approx(2 * buf * 3 / 4 / 300e9)
     assert rep.validation["status"] == "passed", rep.validation
+
+
+MIXTRAL = os.path.join(HERE, "programs", "tiny_mixtral_ep.py")
+
+
+def test_expert_parallel_from_the_models_plan_closed_form_and_validated():
+    """``--ep 4`` on a tiny Mixtral: transformers' base_model_ep_plan and AllToAllEP, each
+    rank its own 8 tokens and 2 of the 8 experts; balanced routing sends T*k/4 pairs to
+    each rank. Per rank: the unsharded model's MACs plus the unit-weight pass the
+    receiving experts make over their T*k pairs; per layer three all-to-alls (the
+    per-expert counts, the tokens, the results)."""
+    rep = analyze_source(MIXTRAL, arch="h100-sxm", ep=4, validate=True)
+    t, h, inter, layers, heads, kv, hd, vocab, e, k = 8, 64, 96, 2, 4, 2, 16, 256, 8, 2
+    causal = t * (t + 1) // 2
+    per_layer = (t * h * heads * hd + 2 * t * h * kv * hd + t * heads * hd * h
+                 + 2 * heads * hd * causal + 2 * t * h          # attention, two RMSNorms
+                 + t * h * e                                    # router
+                 + t * k * (h * 2 * inter + inter * h)          # T*k expert evaluations
+                 + t * k * h                                    # routing weights, summed over k
+                 + t * k * h)                                   # unit weights on the receiver
+    assert rep.counts.macs == layers * per_layer + t * h + t * h * vocab
+    got = [(c.kind, c.bytes, c.ranks) for c in rep.counts.collectives]
+    assert got == [("all_to_all", e * 8, 4), ("all_to_all", t * k * h * 4, 4),
+                   ("all_to_all", t * k * h * 4, 4)] * layers
+    assert rep.validation["status"] == "passed", rep.validation
+    assert any("every rank routes its own batch" in n for n in rep.program.notes)
+
+
+def test_expert_parallel_errors(capsys):
+    from solbound.cli import main
+    assert main(["analyze", MIXTRAL, "--ep", "3", "--quiet"]) == 2     # 8 experts
+    assert "Cannot evenly shard 8 experts across 3" in capsys.readouterr().err
+    assert main(["analyze", LLAMA, "--ep", "2", "--quiet"]) == 2       # no ep plan
+    assert "has no `ep_plan`" in capsys.readouterr().err
+    assert main(["analyze", MIXTRAL, "--ep", "2", "--train", "--quiet"]) == 2
+    assert "--ep with --train" in capsys.readouterr().err

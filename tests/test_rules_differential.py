@@ -389,6 +389,18 @@ case("linalg", lambda s, a, b: torch.linalg.solve(_spd(a), b).sum() + torch.lina
 case("histc-searchsorted", lambda s, x: torch.histc(x, 5, -1, 1).sum()
      + torch.searchsorted(torch.tensor([-1.0, 0.0, 0.7]), x).float()
      + torch.searchsorted(torch.tensor([-0.5, 0.5]), x, right=True).float(), [(A,), (B,)])
+def _repeat_by_counts(s, x):
+    """``repeat_interleave`` by counts read from data, its total fixed (``output_size``: a
+    grouped dispatch's), and a running total over a flattened view (a scan whose dimension
+    spans two of its base's)."""
+    n = x.shape[-1]
+    c = (x > 0).long().sum(-1).reshape(-1)
+    reps = torch.stack([c, n - c], -1).reshape(-1)
+    idx = torch.arange(reps.numel()).repeat_interleave(reps, output_size=x.numel())
+    return x.reshape(-1)[idx] + torch.cumsum(reps, 0)[idx].float()
+
+
+case("repeat_interleave-counts", _repeat_by_counts, [(A,), (B,)])
 case("logcumsumexp", lambda s, x: torch.logcumsumexp(x, -1) + torch.logcumsumexp(x, 0),
      [(A,), (B,)])
 class _Bags(nn.Module):

@@ -82,6 +82,11 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
                    help="shard a transformers model N ways by its own tensor-parallel plan "
                         "(base_model_tp_plan); per-rank counts and bounds (project and "
                         "provision take a list: 1,2,4,8)")
+    p.add_argument("--ep", type=int, default=None, metavar="N",
+                   help="shard a transformers mixture of experts N ways by its own "
+                        "expert-parallel plan (base_model_ep_plan): each rank its own batch "
+                        "and E/N experts, tokens sent to their experts all-to-all under "
+                        "--routing; per-rank counts and bounds")
     p.add_argument("--dp", type=int, default=None, metavar="N",
                    help="with --train: the step of one of N data-parallel ranks, each "
                         "gradient averaged by an all-reduce before the optimizer")
@@ -158,7 +163,7 @@ def cmd_analyze(a) -> int:
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer,
                          reroll=not getattr(a, "no_reroll", False), world_size=a.world_size,
-                         tp=_tp(a), dp=a.dp, fsdp=a.fsdp, **_vopts(a))
+                         tp=_tp(a), ep=a.ep, dp=a.dp, fsdp=a.fsdp, **_vopts(a))
     if a.measure:
         from .frontends.registry import for_source
         from .measure.host import MeasureError
@@ -224,7 +229,8 @@ def cmd_ir(a) -> int:
     from .ir.text import print_program
     rep = analyze_source(a.program, params=_params(a), agent=_agent(a),
                          arch=None, routing=a.routing,
-                         select_fraction=a.select_fraction, world_size=a.world_size, tp=_tp(a))
+                         select_fraction=a.select_fraction, world_size=a.world_size, tp=_tp(a),
+                         ep=a.ep)
     text = print_program(rep.program)
     _write(a.output or "-", text)
     if rep.unsupported:
@@ -244,7 +250,7 @@ def cmd_translate(a) -> int:
     agent = _agent(a)
     rep = analyze_source(a.program, params=_params(a), agent=agent, arch=None,
                          routing=a.routing, select_fraction=a.select_fraction,
-                         world_size=a.world_size, tp=_tp(a), modes=("fused",))
+                         world_size=a.world_size, tp=_tp(a), ep=a.ep, modes=("fused",))
     _write(a.output or "-", print_program(rep.program))
     if a.output:
         print(f"wrote {a.output}", file=sys.stderr)
@@ -263,7 +269,7 @@ def cmd_explain(a) -> int:
                          arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction,
                          train=a.train, optimizer=a.optimizer, world_size=a.world_size,
-                         tp=_tp(a))
+                         tp=_tp(a), ep=a.ep)
     if not a.kernel:
         for k in rep.counts.kernels:
             print(f"{k.name:40s} {k.op:30s} {k.einsum}")
@@ -323,7 +329,7 @@ def cmd_slope(a) -> int:
                          arch=_archs(a), precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction,
                          train=a.train, optimizer=a.optimizer, world_size=a.world_size,
-                         tp=_tp(a))
+                         tp=_tp(a), ep=a.ep)
     pc = rep.program_cache()
     caps = pc.capacities()
     program = [pc.traffic(c).bytes for c in caps]
@@ -390,7 +396,7 @@ def cmd_provision(a) -> int:
                          arch=_archs(a) or "all", precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer, world_size=a.world_size,
-                         tp=_tp(a))
+                         tp=_tp(a), ep=a.ep)
     doc = provision(rep, target)
     if a.json:
         _write(a.json, dumps(doc, indent=1) + "\n")
@@ -436,9 +442,9 @@ def _parallel(a, target: float | None) -> int:
     from .api import analyze_source
     from .bounds.provision import parallel_projection
     from .report.report import dumps
-    if a.world_size:
+    if a.world_size or getattr(a, "ep", None):
         return _err("--tp with a list of degrees sets the world size of each analysis: "
-                    "leave out --world-size")
+                    f"leave out {'--world-size' if a.world_size else '--ep'}")
     reports = {}
     for d in a.tp:
         print(f"solbound: tensor-parallel degree {d} ...", file=sys.stderr)
@@ -492,7 +498,7 @@ def cmd_project(a) -> int:
                          arch=_archs(a) or "all", precision_policy=a.precision_policy,
                          routing=a.routing, select_fraction=a.select_fraction, cache=a.cache,
                          train=a.train, optimizer=a.optimizer, world_size=a.world_size,
-                         tp=_tp(a))
+                         tp=_tp(a), ep=a.ep)
     rows = projection(rep)
     if a.json:
         _write(a.json, dumps({"schema": "solbound.project/1", "source": rep.source,

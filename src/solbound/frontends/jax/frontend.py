@@ -76,10 +76,11 @@ def _nnx_split(fn, args: tuple):
 def analyze_source(spec: str, arch=None, precision_policy=None, validate: bool = False,
                    params: dict | None = None, cache=None, train: bool = False,
                    optimizer=None, modes=None, agent=None, world_size=None, tp=None, dp=None,
-                   fsdp=None, **opts):
+                   fsdp=None, ep=None, **opts):
     """A file whose ``example()`` returns ``(function, args)``, or a factory doing so."""
     from ..contract import FrontendError
-    for name, v in (("--world-size", world_size), ("--tp", tp), ("--dp", dp), ("--fsdp", fsdp)):
+    for name, v in (("--world-size", world_size), ("--tp", tp), ("--ep", ep), ("--dp", dp),
+                    ("--fsdp", fsdp)):
         if v not in (None, 1):
             raise FrontendError(f"{spec}: {name} shards PyTorch programs; a JAX program states "
                                 f"its own mesh (shard_map)")

@@ -137,10 +137,11 @@ def analyze_function(fn, args, *, arch=None, precision_policy=None, source=None,
 
 
 def analyze_source(spec: str, params: dict | None = None, world_size=None, tp=None, dp=None,
-                   fsdp=None, **opts):
+                   fsdp=None, ep=None, **opts):
     """A file whose ``example()`` returns ``(function, args)`` with numpy arrays."""
     from ..loading import example_of
-    for name, v in (("--world-size", world_size), ("--tp", tp), ("--dp", dp), ("--fsdp", fsdp)):
+    for name, v in (("--world-size", world_size), ("--tp", tp), ("--ep", ep), ("--dp", dp),
+                    ("--fsdp", fsdp)):
         if v not in (None, 1):
             raise FrontendError(f"{spec}: {name} shards PyTorch programs; a numpy program "
                                 f"runs on one chip")

@@ -686,10 +686,24 @@ EXTRA_DECOMPOSITIONS = ("upsample_nearest2d.vec", "upsample_nearest2d.default",
 _TABLE: dict = {}
 
 
+def _repeat_interleave_indices(repeats, output_size=None):
+    """``repeat_interleave(repeats, output_size=N)`` (the index form that
+    ``x.repeat_interleave(counts)`` decomposes to: ``j`` repeated ``repeats[j]`` times) as
+    the search of every output position in the running total of ``repeats``:
+    ``searchsorted(cumsum(repeats), arange(N), right=True)`` (the rows a grouped dispatch
+    hands each expert: expert parallelism's received expert ids)."""
+    import torch
+    n = output_size if output_size is not None else int(repeats.sum())
+    total = torch.cumsum(repeats, 0)
+    return torch.searchsorted(total, torch.arange(n, device=repeats.device, dtype=total.dtype),
+                              right=True, out_int32=repeats.dtype == torch.int32)
+
+
 def _decomp_table():
     """Core ATen decompositions, except recurrent layers (lowered whole, as a loop over
     time steps; unrolling them would make thousands of nodes) and triangular masks, plus
-    PyTorch's decompositions of the operators in EXTRA_DECOMPOSITIONS.
+    PyTorch's decompositions of the operators in EXTRA_DECOMPOSITIONS, plus the index form
+    of ``repeat_interleave`` as a search (:func:`_repeat_interleave_indices`).
 
     A plain dict, built once per process and copied per call (materializing torch's lazy
     table costs tens of milliseconds a call); rebuilt when the set of registered
@@ -708,6 +722,7 @@ def _decomp_table():
             op = getattr(getattr(torch.ops.aten, packet), overload)
             if op in decomposition_table:
                 table[op] = decomposition_table[op]
+        table[torch.ops.aten.repeat_interleave.Tensor] = _repeat_interleave_indices
         _TABLE.update(key=key, table=dict(table.items()))
     _cache_cia_ops()
     return dict(_TABLE["table"])

@@ -56,7 +56,8 @@ def analyze_module(module, inputs: Sequence, arch=None, precision_policy: str | 
         inputs = (inputs,)                       # a bare tensor: the one input
     src = source or type(module).__name__
     from .dtensor import has_dtensors
-    if not train and has_dtensors(module) and not getattr(module, "solbound_tp", None):
+    if not train and has_dtensors(module) and not (getattr(module, "solbound_tp", None)
+                                                   or getattr(module, "solbound_ep", None)):
         # parallelize_module / distribute_tensor: traced below DTensor, over local shards
         from .dtensor import localize
         module = localize(module, tuple(inputs))
@@ -111,7 +112,7 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                    cache=None, train: bool = False, optimizer=None, reroll: bool = True,
                    params: dict | None = None, modes=None, world_size: int | None = None,
                    tp: int | None = None, dp: int | None = None, fsdp: int | None = None,
-                   agent=None, **validate_opts):
+                   agent=None, ep: int | None = None, **validate_opts):
     """``FILE.py`` in KernelBench's convention or ``pkg.module:factory``; a file that
     defines ``example()`` returning ``(function, args)`` (and no ``Model``) is a JAX program.
     ``train``/``optimizer``: the training step (see :func:`analyze`); the file may define
@@ -124,16 +125,20 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
     bounds are one rank's, with its collectives' link time. ``tp``: a transformers model
     sharded by its own tensor-parallel plan over that many ranks
     (``frontends/torch/parallel.py``). ``dp`` (with ``train``): the step of one of that
-    many data-parallel ranks, its gradients averaged by an all-reduce each."""
+    many data-parallel ranks, its gradients averaged by an all-reduce each. ``ep``: a
+    transformers mixture of experts sharded by its own expert-parallel plan over that many
+    ranks, its tokens sent to their experts' ranks all-to-all under the routing assumption
+    (``frontends/torch/parallel.py``)."""
     import contextlib
-    world = _world(world_size, tp, dp, fsdp, train)
+    world = _world(world_size, tp, dp, fsdp, train, ep)
     if world > 1:
         from .distributed import fake_world
         from .train import data_parallel
         with fake_world(world), data_parallel(dp) if dp else contextlib.nullcontext():
             rep = _analyze_source(spec, arch, precision_policy, False, keep_experts_dispatch,
                                   routing, select_fraction, cache, train, optimizer, reroll,
-                                  params, modes, tp or 1, validate_opts, fsdp or 1, agent)
+                                  params, modes, tp or 1, validate_opts, fsdp or 1, agent,
+                                  ep or 1)
         rep.world_size = world
         if validate:
             # every rank at once under a threaded process group (after the fake one is gone)
@@ -143,7 +148,7 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
                                                                  "not validated yet"}
             else:
                 rep.validation = validate_spmd(rep, rep.problem, world, tp or 1,
-                                               **validate_opts)
+                                               ep=ep or 1, **validate_opts)
         return rep
     return _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatch,
                            routing, select_fraction, cache, train, optimizer, reroll, params,
@@ -151,11 +156,11 @@ def analyze_source(spec: str, arch=None, precision_policy: str | None = None,
 
 
 def _world(world_size: int | None, tp: int | None, dp: int | None, fsdp: int | None,
-           train: bool) -> int:
+           train: bool, ep: int | None = None) -> int:
     """The number of ranks the degrees ask for, each checked before anything is built: at
-    most one parallelism (tensor, data or fully sharded), over the whole world."""
+    most one parallelism (tensor, expert, data or fully sharded), over the whole world."""
     from ..contract import FrontendError
-    degrees = {"--tp": tp, "--dp": dp, "--fsdp": fsdp}
+    degrees = {"--tp": tp, "--ep": ep, "--dp": dp, "--fsdp": fsdp}
     for name, v in (("--world-size", world_size), *degrees.items()):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise FrontendError(f"{name} {v!r}: expected a positive integer")
@@ -168,6 +173,10 @@ def _world(world_size: int | None, tp: int | None, dp: int | None, fsdp: int | N
     if tp and tp > 1 and train:
         raise FrontendError("--tp with --train: transformers' training path shards through "
                             "DTensor, which solbound cannot trace yet")
+    if ep and ep > 1 and train:
+        raise FrontendError("--ep with --train: the expert-parallel training step is not "
+                            "traced yet (analyze the forward, or write the step per rank and "
+                            "use --world-size)")
     given = [(name, v) for name, v in degrees.items() if v]
     if len(given) > 1 or given and world_size and world_size != given[0][1]:
         used = ", ".join(f"{n} {v}" for n, v in given)
@@ -178,7 +187,7 @@ def _world(world_size: int | None, tp: int | None, dp: int | None, fsdp: int | N
 
 def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatch, routing,
                     select_fraction, cache, train, optimizer, reroll, params, modes, tp,
-                    validate_opts, fsdp: int = 1, agent=None):
+                    validate_opts, fsdp: int = 1, agent=None, ep: int = 1):
     from .capture import load_problem
 
     problem = load_problem(spec, params)
@@ -193,11 +202,18 @@ def _analyze_source(spec, arch, precision_policy, validate, keep_experts_dispatc
             model = tensor_parallel(model, tp)
         except ParallelError as e:
             raise FrontendError(f"{spec}: {e}") from None
+    if ep > 1:
+        from ..contract import FrontendError
+        from .parallel import ParallelError, expert_parallel
+        try:
+            model = expert_parallel(model, ep)
+        except ParallelError as e:
+            raise FrontendError(f"{spec}: {e}") from None
     import contextlib
     import torch
     # transformers' tensor-parallel layers run on local shards with explicit all-reduces
     # for inference (grad disabled); with grad enabled they compute through DTensor
-    with torch.no_grad() if tp > 1 else contextlib.nullcontext():
+    with torch.no_grad() if tp > 1 or ep > 1 else contextlib.nullcontext():
         rep = analyze_module(model, inputs, arch=arch, precision_policy=precision_policy,
                              source=spec, keep_experts_dispatch=keep_experts_dispatch,
                              routing=routing, select_fraction=select_fraction, cache=cache,

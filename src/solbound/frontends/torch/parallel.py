@@ -22,6 +22,16 @@ replaced by the same placements computed on local shards, with explicit collecti
   all-gather along the last dimension.
 
 The sharded model is a per-rank program (rank 0), with its collectives.
+
+``expert_parallel(model, n)`` shards a transformers mixture of experts by its own
+expert-parallel plan (``base_model_ep_plan``, resolved by ``_resolve_parallel_plans``)
+with transformers' ``apply_expert_parallelism`` and its ``AllToAllEP`` dispatch: rank
+``r`` holds experts ``[r*E/n, (r+1)*E/n)`` whole, attention and every other layer
+replicated, and its own batch (data-parallel attention, the layout of expert-parallel
+serving). Each MoE layer sends each (token, expert) pair to the expert's rank with an
+all-to-all (after one of the per-expert counts) and gets the results back with a second.
+The split sizes are read from those counts; they are traced under the routing assumption
+(``routing.py``: every rank routes its batch as this rank does, so the splits are equal).
 """
 
 from __future__ import annotations
@@ -111,17 +121,25 @@ def tensor_parallel(model, n: int):
     model (a decode step building its cache) has that model sharded in place."""
     if n == 1:
         return model
-    if not hasattr(type(model), "maybe_distribute_model"):
-        outer: dict[str, object] = {}      # outermost transformers models (pre-order walk)
-        for name, m in model.named_modules():
-            if hasattr(type(m), "maybe_distribute_model") and \
-                    not any(name.startswith(o + ".") for o in outer):
-                outer[name] = m
-        if len(outer) == 1:
-            _shard(next(iter(outer.values())), n)
-            model.solbound_tp = n
-            return model
+    inner = _transformers_model(model)
+    if inner is not None and inner is not model:
+        _shard(inner, n)
+        model.solbound_tp = n
+        return model
     return _shard(model, n)
+
+
+def _transformers_model(model):
+    """``model`` itself when it is a transformers model, else the one transformers model
+    it wraps (a decode step building its cache), else None."""
+    if hasattr(type(model), "maybe_distribute_model"):
+        return model
+    outer: dict[str, object] = {}      # outermost transformers models (pre-order walk)
+    for name, m in model.named_modules():
+        if hasattr(type(m), "maybe_distribute_model") and \
+                not any(name.startswith(o + ".") for o in outer):
+            outer[name] = m
+    return next(iter(outer.values())) if len(outer) == 1 else None
 
 
 def _shard(model, n: int):
@@ -204,4 +222,44 @@ def fully_shard(model, n: int):
             setattr(module, name, nn.Parameter(shard))
             parametrize.register_parametrization(module, name, Gathered(rows), unsafe=True)
     model.solbound_fsdp = n
+    return model
+
+
+def expert_parallel(model, n: int):
+    """``model`` (a transformers mixture of experts, or a module wrapping one) sharded ``n``
+    ways by its own expert-parallel plan, as rank 0 sees it (see the module doc); needs a
+    process group of ``n`` ranks around it and around the trace."""
+    if n == 1:
+        return model
+    target = _transformers_model(model)
+    if target is None:
+        raise ParallelError(f"--ep {n}: {type(model).__name__} is not a transformers model "
+                            f"(write expert parallelism per rank with torch.distributed and "
+                            f"use --world-size)")
+    import torch
+    import torch.distributed as dist
+    if not (dist.is_initialized() and dist.get_world_size() == n):
+        raise ParallelError(f"--ep {n}: needs a process group of {n} ranks")
+    try:
+        from transformers.distributed.configuration_utils import DistributedConfig
+        from transformers.distributed.expert_parallel import apply_expert_parallelism
+    except ImportError as e:
+        raise ParallelError(f"--ep needs transformers' expert-parallel integration "
+                            f"(transformers >= 5.20): {e}") from None
+    dc = DistributedConfig(ep_size=n, fsdp_size=n, ep_implementation="all_to_all")
+    try:
+        _, plan, _ = target._resolve_parallel_plans(dc)
+    except Exception as e:  # noqa: BLE001 - transformers' own message, in one line
+        raise ParallelError(f"--ep {n}: {type(target).__name__}: {e}") from None
+    if not plan or "ep_dispatch_experts" not in plan.values():
+        raise ParallelError(f"--ep {n}: {type(target).__name__} has no expert-parallel plan "
+                            f"(its config has no base_model_ep_plan with an "
+                            f"ep_dispatch_experts rule)")
+    mesh = torch.distributed.init_device_mesh("cpu", (n, 1), mesh_dim_names=("ep", "tp"))
+    try:
+        apply_expert_parallelism(target, mesh["ep"], mesh["tp"], plan,
+                                 ep_implementation="all_to_all")
+    except ValueError as e:              # "Cannot evenly shard 6 experts across 4 ranks"
+        raise ParallelError(f"--ep {n}: {type(target).__name__}: {e}") from None
+    model.solbound_ep = n
     return model

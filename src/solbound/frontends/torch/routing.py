@@ -25,6 +25,12 @@ that travel with the traced (fake) tensors:
   program is traced on the CPU, as validation does). Branches and loops on them follow
   the assumption. Sorts and histograms of the routing stay in the program (counted).
 
+* In a world of several ranks (``--world-size``, ``--ep``), every rank is assumed to route
+  its own batch the way this rank does (the assumption depends only on row numbers), so a
+  ``dist.all_to_all_single`` of routing-derived values (the per-expert counts that
+  expert parallelism exchanges before its tokens) receives this rank's chunk from every
+  rank: its result carries that shadow, and the split sizes read from it are equal.
+
 The traced program is the user's program with the router's choices fixed: the same
 expert evaluations (``T*k`` in all), the same gathers and ``index_add_`` scatters.
 Validation runs the user's model under the same assumption (:class:`ForcedRouting`),
@@ -301,8 +307,34 @@ class RoutingMode(_Forcing):
                 func(args[0], new, *args[2:])
                 return None
         out = func(*args, **kwargs)
+        if name == "all_to_all_single" and args and isinstance(args[0], torch.Tensor):
+            self._symmetric_all_to_all(args[0], out, *args[1:4])
+            return out
         self._propagate(func, name, args, kwargs, out)
         return out
+
+    def _symmetric_all_to_all(self, input, out, out_splits, in_splits, group) -> None:
+        """The shadow of ``all_to_all_single(input, out_splits, in_splits, group)`` (the
+        functional collective that export makes of ``dist.all_to_all_single``) on
+        routing-derived values with equal splits, under the symmetric-ranks assumption (the
+        module doc): chunk ``s`` of the result is this rank's chunk of the input, for every
+        ``s``."""
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _resolve_process_group
+        s = self.shadow(input)
+        n = len(out_splits or [])
+        if s is None or not _is_fake(input) or not isinstance(out, torch.Tensor) or not n \
+                or not s.dim() or tuple(out.shape) != tuple(s.shape) \
+                or len(set(out_splits)) != 1 or list(in_splits or []) != list(out_splits) \
+                or s.shape[0] != n * out_splits[0]:
+            return
+        pg = _resolve_process_group(group) if isinstance(group, str) else group
+        rank = dist.get_rank(pg)
+        with _plain():
+            chunk = s.reshape((n, s.shape[0] // n) + tuple(s.shape[1:]))[rank]
+            self.shadows[out] = chunk.unsqueeze(0).expand((n,) + tuple(chunk.shape)) \
+                .reshape(s.shape).clone()
+        self.answered.append("all_to_all_single")
 
     def _mask_to_indices(self, idx: tuple) -> tuple:
         """A boolean mask index as the integer index tensors of its true positions (the
@@ -406,5 +438,8 @@ def routing_note(mode: "RoutingMode") -> str:
             + "); the sizes and branches that depend on it ("
             + ", ".join(what or ["none"])
             + ") follow that routing (--routing balanced|concentrated)"
+            + ("; every rank routes its own batch the same way, so an all-to-all of the "
+               "per-expert counts receives this rank's counts from each rank"
+               if "all_to_all_single" in what else "")
             + (f"; routing bookkeeping computed from it while tracing, its work not counted: "
                f"{', '.join(pre)}" if pre else ""))

@@ -2,8 +2,8 @@
 
 The analyzed program is rank 0's, traced under a fake process group. To check it, each of
 the ``n`` ranks builds its own model and inputs (seed ``seed + rank``: its own shard
-values and data; under ``--tp`` every rank builds the same full model and inputs, so the
-shards are slices of one model and the inputs replicated), one thread per rank under PyTorch's threaded process group
+values and data; under ``--tp`` and ``--ep`` every rank builds the same full model and
+inputs, so the shards are slices of one model and the inputs replicated), one thread per rank under PyTorch's threaded process group
 (``torch.testing._internal.distributed.multi_threaded_pg``: real collectives between
 threads of one process). Each rank traces and lowers its own program (a rank's program can
 differ from rank 0's: a vocabulary-parallel embedding offsets the ids it looks up by its
@@ -20,7 +20,7 @@ import threading
 import time
 
 
-def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0,
+def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0, ep: int = 1,
                   max_bytes: int | None = None, max_seconds: float | None = None) -> dict:
     from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, _InputScale,
                                      _structure, compare, estimate_cost, max_reduction,
@@ -41,7 +41,7 @@ def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0,
                 "reason": f"over budget for {world} ranks (~{mem * world / 2**30:.1f} GiB, "
                           f"~{secs * world:.0f} s); shapes are not reduced for a per-rank "
                           f"program yet"}
-    ranks = _run_ranks(rep, problem, world, tp, seed)
+    ranks = _run_ranks(rep, problem, world, tp, seed, ep)
     errors = [r["error"] for r in ranks if r.get("error")]
     if errors:
         return {"status": "inconclusive", "reason": errors[0],
@@ -70,7 +70,7 @@ def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0,
                            tolerance_rule=tolerance_rule(src_dtype))
 
 
-def _run_ranks(rep, problem, world: int, tp: int, seed: int) -> list[dict]:
+def _run_ranks(rep, problem, world: int, tp: int, seed: int, ep_degree: int = 1) -> list[dict]:
     """Every rank built, traced and run under the threaded process group."""
     import torch
     import torch.distributed as dist
@@ -94,24 +94,28 @@ def _run_ranks(rep, problem, world: int, tp: int, seed: int) -> list[dict]:
             # the inputs are replicated (the run is the sharded model's); a per-rank program
             # builds at once on every rank (its constructor may communicate: DTensor's
             # distribute_tensor scatters from rank 0), each rank its own values
-            if tp > 1:
+            if tp > 1 or ep_degree > 1:
                 with build_lock:
                     model, inputs = _build_real(problem, seed)
-                    from .parallel import tensor_parallel
+                    from .parallel import expert_parallel, tensor_parallel
                     model = tensor_parallel(model, tp)
+                    model = expert_parallel(model, ep_degree)
             else:
                 model, inputs = _build_real(problem, seed + r)
             with build_lock:                       # tracing, one rank at a time
                 traced = model
                 from .dtensor import has_dtensors, localize
-                if has_dtensors(model) and tp == 1:   # parallelize_module: below DTensor
-                    traced = localize(model, tuple(inputs))
-                with torch.no_grad() if tp > 1 else _null():
+                if has_dtensors(model) and tp == ep_degree == 1:   # parallelize_module
+                    traced = localize(model, tuple(inputs))      # (traced below DTensor)
+                with torch.no_grad() if tp > 1 or ep_degree > 1 else _null():
                     ep, low = export_and_lower(traced, tuple(inputs), rep.source,
                                                reroll_layers=reroll)
             out[r]["lowered"] = low
             barrier.wait()
-            with torch.no_grad():
+            routing = getattr(ep, "solbound_routing", None)
+            from .routing import ForcedRouting
+            # the model runs under the routing it was traced with
+            with torch.no_grad(), ForcedRouting(routing) if routing else _null():
                 gold = run_original(traced, tuple(inputs), low, ep)
                 if traced is not model:          # the outputs of the module itself
                     from torch.distributed.tensor import DTensor

@@ -161,6 +161,12 @@ def _scan(op: str):
         kb = ctx.builder(x.shape)
         idx = dims_vars(x.ndim)
         body = kb.load(x, idx)
+        if f"d{dim}" not in dict(kb.dims):
+            # the scanned dimension flattens several of the base's (its loop variable was
+            # split): the base addressed as the flat array it is, so the scan runs over one
+            kb = ctx.builder(x.shape)
+            kb.low.flat.add(x.base)
+            body = kb.load(x, idx)
         if x.dtype != out.dtype:
             body = Call(f"to_{out.dtype}", (body,))
         ctx.emit(kb, out, idx, body, reduce=op, scan=f"d{dim}")
