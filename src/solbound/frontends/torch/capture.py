@@ -513,12 +513,12 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                     ep = decompose(ep)
                 else:
                     table = _decomp_table()
-                    done = ep.run_decompositions(dict(table))
+                    done = decompose_program(ep, dict(table))
                     extra = _custom_ops_with_reference(done)
                     if extra:       # a second pass over the decomposed program
                         table.update(extra)
                         try:
-                            done = done.run_decompositions(table)
+                            done = decompose_program(done, table)
                         except Exception:  # noqa: BLE001 - the reference does not trace
                             pass           # (data-dependent sizes): the operator stays unsupported
                     ep = done
@@ -773,6 +773,68 @@ def _cache_cia_ops() -> None:
         return set(memo["ops"])
     cached._solbound_cached = True
     ep_mod._collect_all_valid_cia_ops = cached
+    _override_only_what_changes(ep_mod)
+
+
+#: the operators of the program :func:`decompose_program` decomposes (None: any other
+#: caller of ``run_decompositions``, which gets torch's behaviour unchanged)
+_DECOMPOSING: dict = {"ops": None}
+
+
+def decompose_program(ep, table):
+    """``ep.run_decompositions(table)``, faster: of the composite-implicit operators whose
+    table entry is their own composite kernel, only those the program calls are patched
+    (:func:`_override_only_what_changes`)."""
+    ops = set()
+    for gm in ep.graph_module.modules():
+        graph = getattr(gm, "graph", None)
+        if graph is not None:
+            ops.update(n.target for n in graph.nodes if n.op == "call_function")
+    _DECOMPOSING["ops"] = ops
+    try:
+        return ep.run_decompositions(table)
+    finally:
+        _DECOMPOSING["ops"] = None
+
+
+def _override_only_what_changes(ep_mod) -> None:
+    """``run_decompositions`` patches the Python kernels of every composite-implicit
+    operator (about 500, twice per call: 70% of the call's time on a small program) with
+    the callable its table gives, then restores them. For most the callable is the
+    operator's own composite kernel (``_get_decomp_for_cia``: a partial of a closure
+    ``_special_op_to_decompose_cia`` on that operator, recognized by its code), which the
+    dispatcher runs below autograd anyway, except where the program calls the operator
+    itself (a patched ``linear`` on a permuted input decomposes to ``bmm``, an unpatched
+    one to a copy and ``mm``). Under :func:`decompose_program` only the program's own
+    operators and the entries that differ (operators kept whole, solbound's
+    decompositions) are patched: the decomposed program is the same, node for node, metadata included
+    (``bench/decomp_identity.py`` compares both on every KernelBench problem)."""
+    import functools
+    orig = getattr(ep_mod, "_override_composite_implicit_decomp", None)
+    try:
+        from torch._export.utils import _get_decomp_for_cia
+        import torch
+        probe = _get_decomp_for_cia(torch.ops.aten.linear.default)
+        own = probe.func.__code__ if isinstance(probe, functools.partial) else None
+    except (ImportError, AttributeError):
+        own = None
+    if orig is None or own is None or getattr(orig, "_solbound_filtered", False):
+        return
+
+    def needless(op, fn, called) -> bool:
+        return op not in called and isinstance(fn, functools.partial) \
+            and getattr(fn.func, "__code__", None) is own \
+            and fn.keywords.get("kernel") is op and not fn.args
+
+    def filtered(cia_ops_to_callable):
+        called = _DECOMPOSING["ops"]
+        if called is None:
+            return orig(cia_ops_to_callable)
+        return orig({op: fn for op, fn in cia_ops_to_callable.items()
+                     if not needless(op, fn, called)})
+    filtered._solbound_filtered = True
+    filtered._solbound_original = orig
+    ep_mod._override_composite_implicit_decomp = filtered
 
 
 class _fast_recurrent_shapes:

@@ -203,7 +203,7 @@ def _joint(ep):
     """AOTAutograd's joint graph of an exported forward (loss first), then core ATen."""
     from torch.export.exported_program import _decompose_exported_program
     from torch.export.experimental import _copy_graph_module_and_signature, _remove_detach_pass
-    from .capture import _decomp_table
+    from .capture import _decomp_table, decompose_program
     if any(n.op == "call_function" and "autocast" in str(n.target) for n in ep.graph.nodes):
         # autocast regions (higher-order ops of the exported forward) applied first, as
         # the casts they make: AOTAutograd's joint trace of the region loses autocast
@@ -213,7 +213,7 @@ def _joint(ep):
             ep = ep.run_decompositions({})
     j = _decompose_exported_program(ep, cia_to_decomp={}, python_decomp_table={},  # noqa
                                     joint_loss_index=0, decompose_custom_triton_ops=False)
-    j = j.run_decompositions(_decomp_table())
+    j = decompose_program(j, _decomp_table())
     gm, sig = _copy_graph_module_and_signature(j)
     _remove_detach_pass(gm, sig)
     return j._update(gm, sig)
@@ -347,7 +347,7 @@ def export_optimizer(opt, model, trained: list[str], state: dict[str, dict], sou
     mutation. Returns (ep, {buffer name: ("param", name) | ("state", name, key)})."""
     import torch
     import torch.nn as nn
-    from .capture import _decomp_table, _quiet_torch_logs
+    from .capture import _decomp_table, _quiet_torch_logs, decompose_program
     params = dict(model.named_parameters())
     names = _param_names(model)
     index = {n: i for i, n in enumerate(trained)}
@@ -404,7 +404,7 @@ def export_optimizer(opt, model, trained: list[str], state: dict[str, dict], sou
         with _quiet_torch_logs(), torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ep = torch.export.export(mod, grads, strict=False)
-            ep = ep.run_decompositions(_decomp_table())
+            ep = decompose_program(ep, _decomp_table())
     except Exception as e:  # noqa: BLE001
         from ..loading import oneline
         raise _frontend_error(f"{source}: optimizer {type(opt).__name__}: step() could not be "
