@@ -6,7 +6,9 @@ The family:
 
 * The program's kernels, in program order, are cut into **segments** of consecutive
   kernels (every cut is tried, by dynamic programming; a segment spans at most
-  ``MAX_SEGMENT`` kernels).
+  ``MAX_SEGMENT`` kernels). A segment's nest is searched only when moving its operands
+  once could still beat the best schedule found for its last kernel: no schedule moves
+  less than that, so skipping the others changes nothing but the time.
 * A segment of **one kernel** is one tiled loop nest over its loop dimensions, reductions
   included (a reduction loop outside the output's innermost loop spills partial sums).
 * A segment of **several kernels** tiles the loop dimensions that are free (not reduced)
@@ -119,6 +121,10 @@ class _Find:
 
 class ProgramCache:
     """Segments of one program: their nests, solved once per capacity."""
+
+    #: skip the nest search of a segment whose operands moved once already cost more than
+    #: the best schedule found (off only to measure what that saves)
+    prune = True
 
     def __init__(self, g: Graph, pc: ProgramCounts):
         self.g, self.pc = g, pc
@@ -411,11 +417,13 @@ class ProgramCache:
             else:
                 starts = [i for i in starts if i not in self.loop_span]
             for i in starts:
+                saved = self.carried(i, j, capacity) + self.crossing(i, j, capacity)
+                if self.prune and best[i][0] + self.once(i, j) - saved >= cand[0]:
+                    # no schedule of i..j moves less than its operands once: it cannot
+                    # beat the candidate, so its nest is not searched
+                    continue
                 seg = self.solve(i, j, capacity)
-                if seg.bytes == math.inf and i < j:
-                    break                 # a longer segment is no easier to hold
-                total = best[i][0] + seg.bytes - self.carried(i, j, capacity) \
-                    - self.crossing(i, j, capacity)
+                total = best[i][0] + seg.bytes - saved
                 if total < cand[0]:
                     cand = (total, best[i][1] + [seg])
             best.append(cand)
