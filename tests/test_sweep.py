@@ -138,7 +138,7 @@ def test_analyze_param_passes_keyword_arguments_and_module_constants(tmp_path, c
 def test_a_sweep_on_local_ray_survives_raising_dying_and_slow_points(tmp_path, capsys,
                                                                     monkeypatch):
     path = _write(tmp_path, grid="batch = [1, 2, 3, 4, 5, 6]", program="prog:flaky",
-                  extra="timeout = 40\nmemory = 4")
+                  extra="timeout = 15\nmemory = 4")
     out, js, page = tmp_path / "out.csv", tmp_path / "out.json", tmp_path / "out.html"
     assert main(["sweep", path, "--csv", str(out), "--json", str(js), "--html", str(page),
                  "--jobs", "2"]) == 0
@@ -153,7 +153,8 @@ def test_a_sweep_on_local_ray_survives_raising_dying_and_slow_points(tmp_path, c
     assert status["1"] == ("ok", "") and status["4"] == ("ok", "")
     assert status["2"][0] == "error" and "ValueError: batch 2 is refused" in status["2"][1]
     assert status["3"][0] == "died" and "worker process died" in status["3"][1]
-    assert status["5"][0] == "timeout" and "time limit of 40 s" in status["5"][1]
+    # measured from the point's own start in its worker, which the timer interrupts
+    assert status["5"] == ("timeout", "over the time limit of 15 s (interrupted)")
     assert status["6"][0] == "error" and "over the memory limit of 4 GiB" in status["6"][1]
     assert {r["engine"] for r in rows} == {"ray-local"}
     ok = [r for r in rows if r["status"] == "ok"]
@@ -213,6 +214,25 @@ def _tiny_kernelbench(root):
         "N = 8", "N = 8\nraise RuntimeError('this problem does not import')"))
     (lv / "4_Dies.py").write_text(body.format(expr="a * b", n=8).replace(
         "N = 8", "N = 8\nimport os\nos._exit(3)"))
+
+
+@ray_group
+def test_a_task_the_timer_cannot_interrupt_has_its_worker_stopped():
+    """A task that blocks the worker's timer (as one long native call would) is stopped by
+    the driver once twice the limit plus the grace has passed; the next task runs."""
+    from solbound.sweep.engine import Engine
+
+    def work(x):
+        import signal
+        import time
+        if x == "stuck":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(120)
+        return x
+    with Engine(jobs=2, timeout=1, grace=10) as eng:    # grace: a cold worker's imports
+        got = sorted((o.index, o.status, o.error, o.value) for o in eng.map(work, ["stuck", "ok"]))
+    assert got[0][:3] == (0, "timeout", "over the time limit of 1 s (its worker was stopped)")
+    assert got[1] == (1, "ok", "", "ok")
 
 
 @ray_group

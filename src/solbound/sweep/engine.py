@@ -6,14 +6,18 @@ One item's failure is one outcome, never the end of the run:
 * the function raises: ``error`` with its one-line message (type, text, file:line);
 * its worker process dies (a crash, ``os._exit``, the OOM killer, Ray's memory
   monitor): ``died``, and Ray starts a fresh worker for the next item;
-* it runs past the time limit: its worker is killed (``ray.cancel(force=True)``),
-  ``timeout``;
+* it runs past the time limit: ``timeout``. The limit is measured from the moment the
+  item starts in its worker (a timer there interrupts it, and the worker is reused), so
+  a worker's start-up does not count against it; an item stuck where the timer cannot
+  interrupt it (inside one long native call) has its worker killed by the driver
+  (``ray.cancel(force=True)``) once twice the limit plus a grace for start-up has
+  passed since it was submitted;
 * it allocates past the memory limit: the address-space limit set around the call
   makes the allocation fail inside the function, so that is an ``error`` naming the
   limit.
 
 At most as many items are in flight as the engine has CPUs, so an item starts as soon as
-it is submitted and its time limit is measured from then. Tasks are never retried
+its worker is ready. Tasks are never retried
 (``max_retries=0``): a deterministic analysis that failed once fails again.
 
 >>> Outcome(0, "error", error="ValueError: bad").failed
@@ -62,10 +66,69 @@ def _vm_bytes() -> int | None:
     return None
 
 
-def call_limited(fn: Callable, item, memory_limit: int | None):
-    """``fn(item)`` in a worker: ``("ok", value)`` or ``("error", line)``. With a memory
-    limit, the process's address space may grow by at most that many bytes during the
-    call (``RLIMIT_AS``; restored afterwards, the worker is reused)."""
+#: the driver's backstop for an item the worker's timer cannot interrupt: twice the
+#: limit plus this many seconds after submission (a cold worker imports torch first)
+START_GRACE = 30.0
+
+
+class _PointTimeout(BaseException):
+    """Raised in a worker by its timer (a BaseException: no ``except Exception`` in the
+    analyzed program or in solbound turns it into an ordinary error)."""
+
+
+def _timer(seconds: float | None):
+    """Arm a ``SIGALRM`` timer in this (main) thread that raises :class:`_PointTimeout`;
+    returns the function that disarms it, or None where no timer can be set."""
+    import signal
+    import threading
+    if not seconds or threading.current_thread() is not threading.main_thread() \
+            or not hasattr(signal, "setitimer"):
+        return None
+
+    def ring(signum, frame):
+        raise _PointTimeout()
+    try:
+        old = signal.signal(signal.SIGALRM, ring)
+    except (ValueError, OSError):
+        return None
+    signal.setitimer(signal.ITIMER_REAL, float(seconds))
+
+    def disarm():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    return disarm
+
+
+def _warm() -> None:
+    """Import solbound's analysis stack (torch with it) before a time limit is armed: a
+    fresh worker's first import takes seconds under load, and an import the timer
+    interrupted would leave a module half initialized for the worker's next items."""
+    try:
+        import solbound.api  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+
+
+def _drop_orphans() -> None:
+    """After the timer interrupted an item: Python forgets a module whose import was cut
+    short, but keeps the submodules it had imported, which would make the package's next
+    import in this worker fail half way ("partially initialized module"); forget those
+    too, so the worker's next item imports the package anew. (solbound's own stack and
+    torch are imported before the timer is armed: :func:`_warm`.)"""
+    import sys
+    for name in list(sys.modules):
+        parts = name.split(".")
+        if any(".".join(parts[:k]) not in sys.modules for k in range(1, len(parts))):
+            sys.modules.pop(name, None)
+
+
+def call_limited(fn: Callable, item, memory_limit: int | None, time_limit: float | None = None):
+    """``fn(item)`` in a worker: ``("ok", value)``, ``("error", line)`` or
+    ``("timeout", line)``. With a memory limit, the process's address space may grow by at
+    most that many bytes during the call (``RLIMIT_AS``); with a time limit, a timer
+    interrupts the call after that many seconds of its own run. Both are undone
+    afterwards: the worker is reused."""
     import warnings
     warnings.filterwarnings("ignore")
     restore = None
@@ -82,8 +145,19 @@ def call_limited(fn: Callable, item, memory_limit: int | None):
                 restore = (soft, hard)
         except (ImportError, ValueError, OSError):
             restore = None
+    disarm = None
     try:
-        return "ok", fn(item)
+        if time_limit:
+            _warm()
+        disarm = _timer(time_limit)
+        value = fn(item)
+        if disarm:
+            disarm()
+            disarm = None
+        return "ok", value
+    except _PointTimeout:
+        _drop_orphans()
+        return "timeout", f"over the time limit of {time_limit:g} s (interrupted)"
     except MemoryError as e:
         return "error", (f"over the memory limit of {memory_limit / 2**30:.3g} GiB "
                          f"({one_line(e)})" if memory_limit else one_line(e))
@@ -93,6 +167,8 @@ def call_limited(fn: Callable, item, memory_limit: int | None):
             line = f"over the memory limit of {memory_limit / 2**30:.3g} GiB ({line})"
         return "error", line
     finally:
+        if disarm:
+            disarm()
         if restore:
             import resource
             resource.setrlimit(resource.RLIMIT_AS, restore)
@@ -124,9 +200,9 @@ class Engine:
 
     def __init__(self, jobs: int | None = None, address: str | None = None,
                  working_dir: str | None = None, timeout: float | None = None,
-                 memory_limit: int | None = None):
+                 memory_limit: int | None = None, grace: float = START_GRACE):
         self.jobs, self.address, self.working_dir = jobs, address, working_dir
-        self.timeout, self.memory_limit = timeout, memory_limit
+        self.timeout, self.memory_limit, self.grace = timeout, memory_limit, grace
         self.slots = 1
         self._started = False
 
@@ -195,7 +271,7 @@ class Engine:
         while pending or running:
             while pending and len(running) < self.slots:
                 i, item = pending.pop()
-                ref = remote.remote(fn, item, self.memory_limit)
+                ref = remote.remote(fn, item, self.memory_limit, self.timeout)
                 running[ref] = (i, time.perf_counter(), False)
             done, _ = ray.wait(list(running), num_returns=1, timeout=0.1)
             now = time.perf_counter()
@@ -204,7 +280,7 @@ class Engine:
                 try:
                     kind, payload = ray.get(ref, timeout=5)
                     yield Outcome(i, "ok", value=payload, seconds=now - t0) if kind == "ok" \
-                        else Outcome(i, "error", error=payload, seconds=now - t0)
+                        else Outcome(i, kind, error=payload, seconds=now - t0)
                 except TaskCancelledError:
                     yield Outcome(i, "timeout", seconds=now - t0,
                                   error=f"over the time limit of {self.timeout:g} s (its "
@@ -227,7 +303,7 @@ class Engine:
                                   error=f"the engine lost the task: {one_line(e)}")
             if self.timeout:
                 for ref, (i, t0, cancelled) in list(running.items()):
-                    if not cancelled and now - t0 > self.timeout:
+                    if not cancelled and now - t0 > 2 * self.timeout + self.grace:
                         ray.cancel(ref, force=True)
                         running[ref] = (i, t0, True)
 
