@@ -127,6 +127,13 @@ def best_traffic(nest: Nest, capacity: float) -> Result:
              if n > 1][:MAX_TILED]
     if not tiled:
         return Result(math.inf, feasible=False)
+    # the smallest tiles (1 along every tiled dimension) need the least capacity: when even
+    # they do not fit, no tiling does (checked before any candidate grid is built)
+    ones = {d: 1 for d in tiled}
+    least = sum(min(math.prod(int(_coord_tile(c, s_, ones, ext)) for c, s_ in zip(o.coords, sp)),
+                    fe) for o, sp, fe in zip(ops, spans, full_elems)) * nest.itemsize
+    if least > capacity:
+        return Result(math.inf, feasible=False)
     # the largest dimension's tile is solved for (the largest that fits, by bisection);
     # the others are enumerated
     last, others = tiled[0], tiled[1:]
