@@ -132,3 +132,14 @@ def test_explain_an_operator_shows_all_its_kernels(capsys):
     # linear = a matmul kernel and its bias add, and the operator's total
     assert out.count("einsum") == 2 and "operator linear (aten.linear, up," in out
     assert main(["explain", src, "nope"]) == 2
+
+
+def test_quiet_output_is_the_answer_alone_for_a_transformers_model():
+    """With -q a transformers program prints its one line and nothing else: no import-time
+    warnings of the libraries it pulls in (torchao's kernels built for another Python,
+    torch's pytree deprecations), which say nothing about the program."""
+    r = subprocess.run([sys.executable, "-m", "solbound", "analyze", "tiny_llama_tp.py",
+                        "--arch", "h100-sxm", "-q"], capture_output=True, text=True, cwd=PROG)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert r.stdout.startswith("tiny_llama_tp.py: ") and r.stdout.count("\n") == 1

@@ -711,6 +711,18 @@ def cmd_sweep(a) -> int:
 EXIT_OK, EXIT_VALIDATION_FAILED, EXIT_BAD_INPUT, EXIT_UNCOUNTED, EXIT_INTERNAL = 0, 1, 2, 3, 70
 
 
+#: loggers of libraries a program imports that warn about their own build or API at import
+#: time (torchao's kernels built for another Python, torch's pytree deprecations when
+#: torchao registers its enums): nothing about the user's program, printed before the answer
+IMPORT_TIME_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def _quiet_import_warnings() -> None:
+    import logging
+    for name in IMPORT_TIME_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     # a JAX shard_map program is validated on a mesh of CPU devices: ask XLA for eight
     # host devices before JAX starts (no effect once it has, nor on accelerators)
@@ -718,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    " --xla_force_host_platform_device_count=8").strip()
     args = build_parser().parse_args(argv)
+    _quiet_import_warnings()
     if getattr(args, "optimizer", None) and not getattr(args, "train", False):
         return _err("--optimizer chooses the training step's optimizer: add --train")
     from .frontends.torch.capture import FrontendError
