@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import traceback
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -776,9 +777,10 @@ def _cache_cia_ops() -> None:
     _override_only_what_changes(ep_mod)
 
 
-#: the operators of the program :func:`decompose_program` decomposes (None: any other
-#: caller of ``run_decompositions``, which gets torch's behaviour unchanged)
-_DECOMPOSING: dict = {"ops": None}
+#: per thread (ranks are validated in threads), the operators of the program
+#: :func:`decompose_program` decomposes (none set: any other caller of
+#: ``run_decompositions``, which gets torch's behaviour unchanged)
+_DECOMPOSING = threading.local()
 
 
 def decompose_program(ep, table):
@@ -790,11 +792,11 @@ def decompose_program(ep, table):
         graph = getattr(gm, "graph", None)
         if graph is not None:
             ops.update(n.target for n in graph.nodes if n.op == "call_function")
-    _DECOMPOSING["ops"] = ops
+    _DECOMPOSING.ops = ops
     try:
         return ep.run_decompositions(table)
     finally:
-        _DECOMPOSING["ops"] = None
+        _DECOMPOSING.ops = None
 
 
 def _override_only_what_changes(ep_mod) -> None:
@@ -827,7 +829,7 @@ def _override_only_what_changes(ep_mod) -> None:
             and fn.keywords.get("kernel") is op and not fn.args
 
     def filtered(cia_ops_to_callable):
-        called = _DECOMPOSING["ops"]
+        called = getattr(_DECOMPOSING, "ops", None)
         if called is None:
             return orig(cia_ops_to_callable)
         return orig({op: fn for op, fn in cia_ops_to_callable.items()
