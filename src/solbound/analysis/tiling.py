@@ -127,12 +127,20 @@ def best_traffic(nest: Nest, capacity: float) -> Result:
              if n > 1][:MAX_TILED]
     if not tiled:
         return Result(math.inf, feasible=False)
+
+    def footprint(tile):
+        """Bytes of every operand's current tile (tiles given per tiled dimension; scalars
+        or broadcasting arrays)."""
+        cap = 0
+        for o, sp, fe in zip(ops, spans, full_elems):
+            elems = 1
+            for coord, s_ in zip(o.coords, sp):
+                elems = elems * _coord_tile(coord, s_, tile, ext)
+            cap = cap + np.minimum(elems, fe) * nest.itemsize
+        return cap
     # the smallest tiles (1 along every tiled dimension) need the least capacity: when even
     # they do not fit, no tiling does (checked before any candidate grid is built)
-    ones = {d: 1 for d in tiled}
-    least = sum(min(math.prod(int(_coord_tile(c, s_, ones, ext)) for c, s_ in zip(o.coords, sp)),
-                    fe) for o, sp, fe in zip(ops, spans, full_elems)) * nest.itemsize
-    if least > capacity:
+    if footprint({d: 1 for d in tiled}) > capacity:
         return Result(math.inf, feasible=False)
     # the largest dimension's tile is solved for (the largest that fits, by bisection);
     # the others are enumerated
@@ -158,14 +166,7 @@ def best_traffic(nest: Nest, capacity: float) -> Result:
     grid = tuple(len(c) for c, _ in cands)
 
     def capacity_at(t_last):
-        tile = {**hi_t, last: t_last}
-        cap = 0
-        for o, sp, fe in zip(ops, spans, full_elems):
-            elems = 1
-            for coord, s_ in zip(o.coords, sp):
-                elems = elems * _coord_tile(coord, s_, tile, ext)
-            cap = cap + np.minimum(elems, fe) * nest.itemsize
-        return np.broadcast_to(cap, grid)
+        return np.broadcast_to(footprint({**hi_t, last: t_last}), grid)
     lo = np.ones(grid)
     ok = capacity_at(lo) <= capacity
     if not ok.any():

@@ -150,11 +150,7 @@ def call_limited(fn: Callable, item, memory_limit: int | None, time_limit: float
         if time_limit:
             _warm()
         disarm = _timer(time_limit)
-        value = fn(item)
-        if disarm:
-            disarm()
-            disarm = None
-        return "ok", value
+        return "ok", fn(item)
     except _PointTimeout:
         _drop_orphans()
         return "timeout", f"over the time limit of {time_limit:g} s (interrupted)"

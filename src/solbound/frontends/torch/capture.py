@@ -726,6 +726,7 @@ def _decomp_table():
         table[torch.ops.aten.repeat_interleave.Tensor] = _repeat_interleave_indices
         _TABLE.update(key=key, table=dict(table.items()))
     _cache_cia_ops()
+    _override_only_what_changes()
     return dict(_TABLE["table"])
 
 
@@ -774,7 +775,6 @@ def _cache_cia_ops() -> None:
         return set(memo["ops"])
     cached._solbound_cached = True
     ep_mod._collect_all_valid_cia_ops = cached
-    _override_only_what_changes(ep_mod)
 
 
 #: per thread (ranks are validated in threads), the operators of the program
@@ -799,7 +799,7 @@ def decompose_program(ep, table):
         _DECOMPOSING.ops = None
 
 
-def _override_only_what_changes(ep_mod) -> None:
+def _override_only_what_changes() -> None:
     """``run_decompositions`` patches the Python kernels of every composite-implicit
     operator (about 500, twice per call: 70% of the call's time on a small program) with
     the callable its table gives, then restores them. For most the callable is the
@@ -809,9 +809,10 @@ def _override_only_what_changes(ep_mod) -> None:
     itself (a patched ``linear`` on a permuted input decomposes to ``bmm``, an unpatched
     one to a copy and ``mm``). Under :func:`decompose_program` only the program's own
     operators and the entries that differ (operators kept whole, solbound's
-    decompositions) are patched: the decomposed program is the same, node for node, metadata included
-    (``bench/decomp_identity.py`` compares both on every KernelBench problem)."""
+    decompositions) are patched: the decomposed program is the same, node for node,
+    metadata included (``bench/decomp_identity.py`` compares both on KernelBench)."""
     import functools
+    import torch.export.exported_program as ep_mod
     orig = getattr(ep_mod, "_override_composite_implicit_decomp", None)
     try:
         from torch._export.utils import _get_decomp_for_cia
