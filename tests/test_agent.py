@@ -370,6 +370,28 @@ def test_over_the_time_budget_the_same_ir_is_checked_on_a_slice(tmp_path):
     assert rep.counts.macs == 4 * 8 * 16          # the counts are the whole IR's
 
 
+def test_over_the_memory_budget_the_slice_holds_only_its_rows(tmp_path):
+    """A whole numpy program whose 64 x 64 intermediate is over the memory budget (its
+    inputs and outputs are not): the same full-size IR, its output's first quarter of rows
+    computed, the intermediate held as those 16 rows; a wrong IR still fails."""
+    from test_demand import DENSITY
+    right = "```\n" + DENSITY + "```"
+    wrong = right.replace("exp(0.0 - d2[i, j])", "exp(0.0 - 0.5 * d2[i, j])")
+    with ScriptedLLM([wrong, right]) as srv:
+        agent = _agent(srv, tmp_path)
+        # the validation's estimate (validate.compare.estimate_cost): the tensors x 5/4 and
+        # two more copies of the input: (1,024 + 16,384 + 256) x 5/4 + 2 x 1,024 = 24,128 B;
+        # half the rows (1,024 + 8,192 + 256) x 5/4 + 2,048 = 13,888 B; a quarter 8,768 B
+        agent.max_bytes = 12_000
+        rep = analyze_source(os.path.join(HERE, "programs", "numpy_density.py"),
+                             arch="h100-sxm", agent=agent)
+    tr = rep.agent["translations"][0]
+    assert tr["attempts"] == 2 and tr["feedback"][0]["stage"] == "mismatch"
+    assert "first 1/4 of its rows" in rep.validation["partial"]
+    assert "intermediates held as that region" in rep.validation["partial"]
+    assert rep.counts.macs == 64 * 64 * 4           # the whole IR's counts
+
+
 def test_sliced_confines_producers_to_the_rows_read():
     from solbound.analysis.counts import count_program
     from solbound.frontends.agent.translate import sliced

@@ -131,3 +131,67 @@ def test_grouped_query_attention_through_a_reshape_counts_the_causal_pairs():
     assert rep.validation["status"] == "passed", rep.validation
     # scores and weighted sum over the T(T+1)/2 causal pairs of each of the K*G heads
     assert rep.counts.macs == 2 * K * G * H * T * (T + 1) // 2 == 1152
+
+
+DENSITY = """# solbound IR v1
+x = input(f32[64, 4])
+d2 = intermediate(f32[64, 64])
+out = output(f32[64])
+
+@kernel(i=64, j=64, k=4)
+def dist():
+    d2[i, j] = sum((x[i, k] - x[j, k]) * (x[i, k] - x[j, k]))
+
+@kernel(i=64, j=64)
+def density():
+    out[i] = sum(exp(0.0 - d2[i, j]))
+"""
+
+# a guard that means something: t's rows 3.. hold -inf, and y's first rows read them
+MEANT = """# solbound IR v1
+x = input(f32[8, 8])
+t = intermediate(f32[8, 8])
+y = output(f32[8, 8])
+
+@kernel(i=8, j=8)
+def part():
+    t[i, j] = x[i, j] if (i < 3) else -inf
+
+@kernel(i=8, j=8)
+def shift():
+    y[i, j] = t[7 - i, j] + x[i, j]
+"""
+
+
+def _run_rows(p, feeds, rows):
+    import numpy as np
+    from solbound.ir.execute import execute
+    with np.errstate(all="ignore"):
+        arrays = execute(p, feeds)
+    return {t.name: arrays[t.name][:rows] for t in p.tensors if t.role == "output"}
+
+
+def test_a_slice_held_as_its_region_computes_the_same_rows():
+    """shrink_to_demand after a slice: loops cut to the guard, intermediates declared as
+    the rows read; the first rows equal the whole program's, for a guard that confines
+    (demand) and one that means something (-inf past row 3, read by the rows kept)."""
+    import numpy as np
+    from solbound.frontends.agent.translate import compacted, sliced
+    from solbound.ir.text import parse_program
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 4)).astype(np.float32) * 0.3
+    p = parse_program(DENSITY)
+    q = compacted(sliced(p, {"out"}, 4))
+    assert [t.shape for t in q.tensors] == [(64, 4), (16, 64), (64,)]
+    assert [k.dims for k in q.kernels] == [(("i", 16), ("j", 64), ("k", 4)),
+                                           (("i", 16), ("j", 64))]
+    whole, part = _run_rows(p, {"x": x}, 16), _run_rows(q, {"x": x}, 16)
+    np.testing.assert_allclose(part["out"], whole["out"], rtol=1e-6)
+    m = parse_program(MEANT)
+    xm = rng.standard_normal((8, 8)).astype(np.float32)
+    qm = compacted(sliced(m, {"y"}, 2))
+    # y's rows 0..3 read t's rows 7..4: part keeps all 8 rows, t stays whole
+    assert [t.shape for t in qm.tensors] == [(8, 8), (8, 8), (8, 8)]
+    assert qm.kernels[0].dims == (("i", 8), ("j", 8))
+    np.testing.assert_array_equal(_run_rows(qm, {"x": xm}, 4)["y"],
+                                  _run_rows(m, {"x": xm}, 4)["y"])

@@ -320,3 +320,114 @@ def _split_by_digits(p: Kernel, v: str, digits: list) -> Kernel:
 
 
 __all__ = ["restrict_to_demand"]
+
+
+
+def _narrowable(k: Kernel) -> dict[str, int]:
+    """Loop variables of ``k`` its guards bound from above, with the extent they allow: a
+    reduction variable (the points cut contribute the identity), or an output variable that
+    is one coordinate of the output index by itself (``t[i + c]``), so cutting it drops
+    whole rows of the write and nothing in between."""
+    if k.loop is not None or k.lib or k.scatter:
+        return {}
+    alone = set()
+    for e in k.out_index:
+        if len(e.terms) == 1 and e.terms[0][1] == 1:
+            alone.add(e.terms[0][0])
+    uses = [v for e in k.out_index for v, _ in e.terms]
+    rng = _var_ranges(k)
+    out = {}
+    for v, n in k.dims:
+        m = max(1, min(n, rng[v][1] + 1))
+        if m < n and (v not in k.out_vars or (v in alone and uses.count(v) == 1)):
+            out[v] = m
+    return out
+
+
+def _box(k: Kernel, acc: Access, dims) -> list[tuple[int, int]] | None:
+    if not all(isinstance(e, Aff) for e in acc.index):
+        return None
+    rng = {v: (0, n - 1) for v, n in dims}
+    return [_bounds(e, rng) for e in acc.index]
+
+
+def shrink_to_demand(kernels: list[Kernel], tensors: list) -> tuple[list[Kernel], list]:
+    """Kernels and tensor declarations that hold only what confined kernels touch.
+
+    After :func:`restrict_to_demand` (or a slice's guard on an output's rows), a kernel's
+    points outside its guards compute nothing anyone reads. Here a loop variable its guards
+    bound from above gets that bound as its extent (see :func:`_narrowable`), unless a
+    reader of what the kernel writes reaches the rows cut (a guard that means something,
+    ``x[i] if i < 3 else -inf``); then each intermediate tensor is declared as the box its
+    accesses touch (from 0; only its upper ends shrink). An executor then allocates and
+    visits the demanded region only: the same values there, a smaller program.
+
+    Left whole: tensors a sequential loop, a library routine or a scatter touches, any read
+    or written through a data-dependent index, reached below 0 or past the end (padding a
+    guard stands in for), or touched by no kernel. ``tensors`` are
+    :class:`~.model.TensorDecl`; only intermediates shrink.
+
+    >>> from solbound.ir.model import Access, Kernel, TensorDecl
+    >>> i, j = Aff.var("i"), Aff.var("j")
+    >>> sq = Kernel("sq", (("i", 8), ("j", 8)), "t", (i, j), Access("x", (i, j)),
+    ...             guard=(Atom(i, None, 2),))
+    >>> rows = Kernel("rows", (("i", 8), ("j", 8)), "y", (i,), Access("t", (i, j)),
+    ...               reduce="sum", guard=(Atom(i, None, 2),))
+    >>> decl = [TensorDecl("x", (8, 8), "f32", "input"), TensorDecl("t", (8, 8), "f32"),
+    ...         TensorDecl("y", (8,), "f32", "output")]
+    >>> ks, ts = shrink_to_demand([sq, rows], decl)
+    >>> [k.dims for k in ks], [t.shape for t in ts]
+    ([(('i', 2), ('j', 8)), (('i', 2), ('j', 8))], [(8, 8), (2, 8), (8,)])
+    """
+    from dataclasses import replace
+    ks = list(kernels)
+    cut = {pos: _narrowable(k) for pos, k in enumerate(ks)}
+    cut = {pos: c for pos, c in cut.items() if c}
+
+    def dims(pos):
+        c = cut.get(pos, {})
+        return tuple((v, c.get(v, n)) for v, n in ks[pos].dims)
+
+    readers: dict[str, list[tuple[int, Access]]] = {}
+    for pos, k in enumerate(ks):
+        for a in kernel_reads(k):
+            readers.setdefault(a.tensor, []).append((pos, a))
+    changed = True
+    while changed:               # a cut undone widens its reads: check the rest again
+        changed = False
+        for pos in list(cut):
+            k = ks[pos]
+            whole = _box(k, Access(k.out, k.out_index), k.dims)
+            kept = _box(k, Access(k.out, k.out_index), dims(pos))
+            for r, a in readers.get(k.out, ()):
+                got = _box(ks[r], a, dims(r))
+                if got is None or any(
+                        g[1] > kp[1] and g[1] >= w[0] and g[0] <= w[1]
+                        for g, kp, w in zip(got, kept, whole)):
+                    del cut[pos]
+                    changed = True
+                    break
+    out = [ks[pos].with_(dims=dims(pos)) if pos in cut else k for pos, k in enumerate(ks)]
+    decl = {t.name: t for t in tensors}
+    whole_t: set[str] = set()
+    top: dict[str, list[int]] = {}
+    for k in out:
+        acc = list(kernel_reads(k)) + [Access(o, k.out_index) for o in k.outputs]
+        if k.loop is not None or k.lib or k.scatter:
+            whole_t.update(a.tensor for a in acc)
+            continue
+        for a in acc:
+            t = decl.get(a.tensor)
+            if t is None or a.tensor in whole_t:
+                continue
+            box = _box(k, a, k.dims) if len(a.index) == len(t.shape) else None
+            if box is None or any(lo < 0 or hi >= n for (lo, hi), n in zip(box, t.shape)):
+                whole_t.add(a.tensor)
+                continue
+            hi = top.setdefault(a.tensor, [0] * len(t.shape))
+            for d, (_, h) in enumerate(box):
+                hi[d] = max(hi[d], h)
+    shrunk = [replace(t, shape=tuple(h + 1 for h in top[t.name]))
+              if t.role == "intermediate" and t.name in top and t.name not in whole_t else t
+              for t in tensors]
+    return out, shrunk

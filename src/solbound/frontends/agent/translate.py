@@ -192,27 +192,26 @@ def verify(p: Program, target: Target, feeds: list[np.ndarray], expected: list[n
     from ...analysis.counts import count_program
     from ...graph.einsum import build_graph
     check_interface(p, target)
-    # what is declared and how many points a kernel visits, before any analysis allocates
-    declared = sum(t.numel * max(8, DTYPE_BYTES[t.dtype]) for t in p.tensors)
-    points = max((math.prod(k.count_extents.values()) for k in p.kernels), default=0)
-    if declared > max_bytes or points > MAX_POINTS:
-        raise Rejected("budget", f"the IR declares {declared / 2**30:.2f} GiB of tensors and "
-                                 f"a kernel of {points:,} points, over the validation budget "
-                                 f"({max_bytes / 2**30:.2f} GiB, {MAX_POINTS:,} points)")
     try:
         flops = sum(count_program(build_graph(p)).flops.values())
     except Exception as e:  # noqa: BLE001 - IR the parser accepts but counting cannot read
         raise Rejected("parse", f"the IR cannot be analyzed: {type(e).__name__}: "
                                 f"{str(e)[:300]}") from None
     mem, secs = estimate_cost(p, flops)
+    points = _points(p)
     full, rows = p, None
-    if mem <= max_bytes and secs > max_seconds:
-        # over the time budget: the same IR, its outputs computed on their first rows only
-        p, rows = _sliced_within(p, target, max_seconds)
-    if mem > max_bytes or rows == 0:
-        raise Rejected("budget", f"the IR would need about {mem / 2**30:.2f} GiB and "
-                                 f"{secs:.1f} s to run, over the validation budget "
-                                 f"({max_bytes / 2**30:.2f} GiB, {max_seconds:.0f} s)")
+    if mem > max_bytes or secs > max_seconds or points > MAX_POINTS:
+        # over the budget: the same IR, its outputs computed on their first rows only and
+        # every intermediate held as the region those rows need
+        p, rows = _sliced_within(p, target, max_bytes, max_seconds)
+        if rows == 0:
+            declared = sum(t.numel * max(8, DTYPE_BYTES[t.dtype]) for t in full.tensors)
+            raise Rejected("budget", f"the IR declares {declared / 2**30:.2f} GiB of tensors "
+                                     f"and a kernel of {points:,} points, would need about "
+                                     f"{mem / 2**30:.2f} GiB and {secs:.1f} s to run, over the "
+                                     f"validation budget ({max_bytes / 2**30:.2f} GiB, "
+                                     f"{max_seconds:.0f} s, {MAX_POINTS:,} points), and no "
+                                     f"slice of its outputs' rows fits")
     t0 = time.perf_counter()
 
     limit = 2 * max_seconds + 1.0            # the estimate plans; this stops a runaway
@@ -257,9 +256,10 @@ def verify(p: Program, target: Target, feeds: list[np.ndarray], expected: list[n
                             else "seeded random inputs"),
             "summary": f"worst relative error {worst:.3g} (tolerance {tol:.3g})"
                        + (f" on the first 1/{rows} of each output's rows" if rows else ""),
-            **({"partial": f"the full-size IR over the time budget: each output compared "
-                           f"on the first 1/{rows} of its rows, its producers confined to "
-                           f"what those rows read"} if rows else {}),
+            **({"partial": f"the full-size IR over the validation budget: each output "
+                           f"compared on the first 1/{rows} of its rows, its producers "
+                           f"confined to what those rows read and its intermediates held "
+                           f"as that region"} if rows else {}),
             "seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -296,9 +296,23 @@ def sliced(p: Program, outputs: set[str], denominator: int) -> Program | None:
     return Program(p.tensors, tuple(restrict_to_demand(ks, inter)), p.notes)
 
 
-def _sliced_within(p: Program, target: Target, max_seconds: float):
-    """(the sliced program, its denominator) whose estimated run fits ``max_seconds``, or
-    (p, 0) when none does."""
+def _points(p: Program) -> int:
+    """The most points one kernel visits."""
+    return max((math.prod(k.count_extents.values()) for k in p.kernels), default=0)
+
+
+def compacted(p: Program) -> Program:
+    """``p`` with every loop its guards cut short and every intermediate declared as the
+    region its kernels touch (``ir.demand.shrink_to_demand``): after :func:`sliced`, what
+    the executor allocates and visits is what the first rows need."""
+    from ...ir.demand import shrink_to_demand
+    ks, ts = shrink_to_demand(list(p.kernels), list(p.tensors))
+    return Program(tuple(ts), tuple(ks), p.notes)
+
+
+def _sliced_within(p: Program, target: Target, max_bytes: int, max_seconds: float):
+    """(the sliced and compacted program, its denominator) whose estimated run fits the
+    budget, or (p, 0) when none does."""
     from ...analysis.counts import count_program
     from ...graph.einsum import build_graph
     outs = {o.name for o in target.outputs}
@@ -307,8 +321,9 @@ def _sliced_within(p: Program, target: Target, max_seconds: float):
         q = sliced(p, outs, d)
         if q is None:
             return p, 0
-        _, secs = estimate_cost(q, sum(count_program(build_graph(q)).flops.values()))
-        if secs <= max_seconds:
+        q = compacted(q)
+        mem, secs = estimate_cost(q, sum(count_program(build_graph(q)).flops.values()))
+        if mem <= max_bytes and secs <= max_seconds and _points(q) <= MAX_POINTS:
             return q, d
         if all(_rows(p.tensor_map[o].shape[0], d) == 1 for o in outs):
             break
