@@ -234,3 +234,59 @@ def test_optimum_quanto_weights(bits):
     io = T * K * 4 + T * N * 4
     stored = N * K + N * 4 if bits == 8 else N * K // 2 + 2 * (N * K // 128) * 4
     _check(rep, T * K * N, stored + io, "vector_fp32")
+
+
+class CpuInt4Linear(nn.Module):
+    """PyTorch's own CPU int4 weight-only product (what torchao's int4 CPU layout and
+    gpt-fast call): 4-bit weights packed by ``_convert_weight_to_int4pack_for_cpu``, a bf16
+    scale and zero per group of ``G`` inputs. ``n`` = 96 outputs: one block of 64 and a
+    tail of 32, the two packing layouts; ``pack_in_forward`` packs in the forward instead."""
+
+    def __init__(self, n=96, pack_in_forward=False):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        q = torch.randint(0, 16, (n, K), dtype=torch.int32, generator=g)
+        self.pack_in_forward = pack_in_forward
+        if pack_in_forward:
+            self.register_buffer("q", q)
+        else:
+            self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q, 1))
+        sz = torch.stack([torch.rand(K // G, n, generator=g) * 0.1,
+                          torch.randn(K // G, n, generator=g) * 0.1], -1)
+        self.register_buffer("sz", sz.to(torch.bfloat16))
+
+    def forward(self, x):
+        packed = (torch._convert_weight_to_int4pack_for_cpu(self.q, 1)
+                  if self.pack_in_forward else self.packed)
+        return torch._weight_int4pack_mm_for_cpu(x, packed, G, self.sz)
+
+
+@pytest.mark.parametrize("n", [96, 64, 48])
+def test_pytorch_cpu_int4_weights_are_half_a_byte_each(n):
+    rep = analyze(CpuInt4Linear(n), (torch.randn(T, K, dtype=torch.bfloat16),),
+                  arch="h100-sxm", validate=True)
+    # packed weights N*K/2 B, a bf16 scale and zero per group and output, x and out in bf16;
+    # the product on the bf16 tensor cores after an on-chip dequantization
+    _check(rep, T * K * n, n * K // 2 + (K // G) * n * 2 * 2 + T * K * 2 + T * n * 2,
+           "tensor_bf16")
+    # the dequantization: shift, mask, subtract, multiply, add per weight (the conversion
+    # to float is not arithmetic)
+    assert rep.counts.flops["vector"] == 5 * n * K
+
+
+def test_pytorch_cpu_int4_packing_in_forward():
+    rep = analyze(CpuInt4Linear(96, pack_in_forward=True),
+                  (torch.randn(T, K, dtype=torch.bfloat16),), arch="h100-sxm", validate=True)
+    # the int32 weights are read whole (4 B each) and packed on chip: an or and a shift
+    # per byte, then the unpacking as above
+    _check(rep, T * K * 96, 96 * K * 4 + (K // G) * 96 * 2 * 2 + T * K * 2 + T * 96 * 2,
+           "tensor_bf16")
+    assert rep.counts.flops["vector"] == 5 * 96 * K + 2 * 96 * K // 2
+
+
+def test_the_cpu_int4_layout_is_checked_against_this_machines_packer():
+    from solbound.frontends.torch.rules.int4pack import _source, layout_holds
+    assert layout_holds(96) and layout_holds(16) and layout_holds(208)
+    # the model is a bijection onto every (output, input) pair
+    seen = {_source(80, 64, r, b, h) for r in range(80) for b in range(32) for h in range(2)}
+    assert seen == {(n, k) for n in range(80) for k in range(64)}

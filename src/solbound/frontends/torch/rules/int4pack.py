@@ -1,0 +1,149 @@
+"""PyTorch's CPU int4 weights: ``_convert_weight_to_int4pack_for_cpu`` packs an int32
+``[N, K]`` matrix of 4-bit values into uint8 ``[N, K/2]``, and
+``_weight_int4pack_mm_for_cpu(x, packed, group, scale_and_zero)`` multiplies ``x [M, K]`` by
+it, dequantizing each weight as ``(q - 8) * scale + zero`` with a scale and zero per group of
+``group`` inputs and output (``scale_and_zero [K/group, N, 2]``).
+
+The layout (PyTorch's ``aten/src/ATen/native/cpu/int4mm_kernel.cpp``): outputs in blocks of
+64, block ``b`` holding output ``64b + 32h + l`` (``h < 2``, ``l < 32``) at input ``k`` in byte
+``32k + l`` of the block's ``32K`` bytes, nibble ``h`` (low first); the last ``R = N mod 64``
+outputs (a multiple of 16) in one block where output ``2j + h`` of it is in byte ``(R/2)k + j``,
+nibble ``h``. The block width is the kernel's vector width (``BLOCK_N =
+Vectorized<float>::size() * 4``: 64 with AVX-512, 32 with AVX2), so the same packed tensor
+means different weights on different CPUs. The rules therefore state the layout above and
+check it against this machine's packing kernel before lowering (:func:`layout_holds`): a
+machine that packs otherwise gets a one-line refusal naming the probe, never a wrong IR.
+
+The dequantization is vector work per weight (a shift, a mask, a conversion, a subtract, a
+multiply and an add), on chip in the fused bound; the product runs in the activations' dtype
+(weight-only quantization). The CUDA operators (``_weight_int4pack_mm``,
+``_convert_weight_to_int4pack``) use tinygemm's tiled int32 layout and cannot run here to
+be checked: they have no rule and are reported unsupported.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ....ir.affine import Aff
+from ....ir.model import Idx
+from ..lower import KernelBuilder, LoweringError, OpCtx, View, rule
+from ._util import C, add, f, mul, sub
+from .linalg import _matmul
+
+
+def _source(n_out: int, k_in: int, r: int, byte: int, h: int) -> tuple[int, int]:
+    """The (output, input) whose 4 bits are nibble ``h`` of byte ``byte`` of packed row
+    ``r`` (the layout of the module docstring)."""
+    flat = r * (k_in // 2) + byte
+    full = n_out // 64 * 64
+    if flat < full * k_in // 2:
+        b, o = divmod(flat, 32 * k_in)
+        return 64 * b + 32 * h + o % 32, o // 32
+    rest = n_out - full
+    o = flat - full * k_in // 2
+    return full + 2 * (o % (rest // 2)) + h, o // (rest // 2)
+
+
+@functools.lru_cache(maxsize=None)
+def layout_holds(n_out: int, k_in: int = 64) -> bool:
+    """This machine's ``_convert_weight_to_int4pack_for_cpu`` puts every 4-bit weight of an
+    ``n_out x k_in`` matrix where :func:`_source` says: each weight's position is packed,
+    four bits at a time, and read back from the nibbles."""
+    import torch
+    idx = torch.arange(n_out * k_in, dtype=torch.int64).reshape(n_out, k_in)
+    got = torch.zeros(n_out, k_in // 2, 2, dtype=torch.int64)
+    for p in range(((n_out * k_in - 1).bit_length() + 3) // 4):
+        digit = ((idx >> (4 * p)) & 0xF).to(torch.int32)
+        packed = torch._convert_weight_to_int4pack_for_cpu(digit, 1).to(torch.int64)
+        got[..., 0] |= (packed & 0xF) << (4 * p)
+        got[..., 1] |= (packed >> 4) << (4 * p)
+    want = torch.tensor([[[(lambda s: s[0] * k_in + s[1])(_source(n_out, k_in, r, b, h))
+                           for h in range(2)] for b in range(k_in // 2)]
+                         for r in range(n_out)], dtype=torch.int64)
+    return bool(torch.equal(got, want))
+
+
+def _check(n_out: int, k_in: int, what: str) -> None:
+    if n_out % 16 or k_in % 2:
+        raise LoweringError(f"{what}: {n_out} outputs and {k_in} inputs: PyTorch packs int4 "
+                            f"weights of a multiple of 16 outputs and an even number of inputs")
+    if not layout_holds(n_out):
+        raise LoweringError(f"{what}: this machine's int4 packing kernel does not put weights "
+                            f"where solbound's model of the layout says (probed with "
+                            f"_convert_weight_to_int4pack_for_cpu on {n_out}x64 positions: "
+                            f"frontends/torch/rules/int4pack.py)")
+
+
+def _flat(v: View) -> View:
+    if not v.is_full:
+        raise LoweringError("int4 packed weights that are a strided view of another tensor")
+    return View(v.base, v.meta.reshape(-1), v.base_shape)
+
+
+def _blocks(n_out: int, k_in: int):
+    """(kernel loops, output, byte offset in the flat packed tensor, nibble) per block
+    kind: the 64-wide blocks, then the rest (module docstring)."""
+    full = n_out // 64 * 64
+    out = []
+    if full:
+        b, h, l, k = (Aff.var(v) for v in ("b", "h", "l", "k"))
+        out.append(([("b", full // 64), ("h", 2), ("l", 32)], b * 64 + h * 32 + l,
+                    b * (32 * k_in) + k * 32 + l, h))
+    rest = n_out - full
+    if rest:
+        j, h, k = Aff.var("j"), Aff.var("h"), Aff.var("k")
+        out.append(([("j", rest // 2), ("h", 2)], j * 2 + h + full,
+                    k * (rest // 2) + j + full * k_in // 2, h))
+    return out
+
+
+@rule("aten._convert_weight_to_int4pack_for_cpu")
+def convert_weight_to_int4pack_for_cpu(ctx: OpCtx) -> None:
+    """Pack: each byte is its low-nibble weight OR its high-nibble weight shifted by 4
+    (no mask, as the kernel: the write wraps to the byte)."""
+    q = ctx.args[0]
+    n_out, k_in = q.shape
+    _check(n_out, k_in, "_convert_weight_to_int4pack_for_cpu")
+    out = ctx.output()
+    flat = _flat(out)
+    k = Aff.var("k")
+    for loops, n, byte, h in _blocks(n_out, k_in):
+        if h.single_var() is None:
+            raise LoweringError("internal: int4 block without a nibble variable")
+        # one kernel per block kind writes both nibbles of its bytes: h is a loop of the
+        # unpacking side only; here the byte's two weights are read at h = 0 and h = 1
+        loops = [d for d in loops if d[0] != "h"]
+        kb = KernelBuilder(ctx.low, loops + [("k", k_in)])
+        lo = kb.load(q, [n.subst({"h": Aff.lit(0)}), k])
+        hi = kb.load(q, [n.subst({"h": Aff.lit(1)}), k])
+        ctx.emit(kb, flat, [byte], f("or", lo, f("shl", hi, C(4))))
+    ctx.bind(out)
+
+
+@rule("aten._weight_int4pack_mm_for_cpu")
+def weight_int4pack_mm_for_cpu(ctx: OpCtx) -> None:
+    """``x @ dequantize(packed).T``: the weights unpacked and dequantized on chip
+    (``(q - 8) * scale + zero`` per group), then the product in ``x``'s dtype."""
+    x, packed, group, sz = ctx.args[:4]
+    n_out, half = packed.shape
+    k_in = 2 * half
+    _check(n_out, k_in, "_weight_int4pack_mm_for_cpu")
+    if not isinstance(group, int) or k_in % group:
+        raise LoweringError(f"_weight_int4pack_mm_for_cpu: group size {group!r} does not "
+                            f"divide the {k_in} inputs")
+    out = ctx.output()
+    w = ctx.new_tensor((n_out, k_in), x.dtype, ctx.node.name + "_w")
+    flat = _flat(packed)
+    g, i = Aff.var("g"), Aff.var("i")
+    k = g * group + i
+    for loops, n, byte, h in _blocks(n_out, k_in):
+        kb = KernelBuilder(ctx.low, loops + [("g", k_in // group), ("i", group)])
+        nib = kb.load(flat, [byte.subst({"k": k})])
+        q = f("to_f32", f("and", f("shr", nib, Idx(h * 4)), C(15)))
+        scale = kb.load(sz, [g, n, Aff.lit(0)])
+        zero = kb.load(sz, [g, n, Aff.lit(1)])
+        ctx.emit(kb, w, [n, k], add(mul(sub(q, C(8.0)), scale), zero))
+    wt = View(w.base, w.meta.transpose(0, 1), w.base_shape)
+    _matmul(ctx, x, wt, out, 0)
+    ctx.bind(out)
