@@ -290,3 +290,44 @@ def test_the_cpu_int4_layout_is_checked_against_this_machines_packer():
     # the model is a bijection onto every (output, input) pair
     seen = {_source(80, 64, r, b, h) for r in range(80) for b in range(32) for h in range(2)}
     assert seen == {(n, k) for n in range(80) for k in range(64)}
+
+
+class BlockScaledFp8(nn.Module):
+    """DeepSeek-V3's fp8 product: activations scaled per 1 x 128 block, weights per
+    128 x 128 block (``_scaled_mm`` with 2-d scales; it runs on CUDA only, so the model is
+    built on meta and the IR is checked against the definition below)."""
+
+    def forward(self, a, w, sa, sw):
+        return torch._scaled_mm(a, w.t(), sa, sw, out_dtype=torch.bfloat16)
+
+
+def test_block_scaled_fp8_product():
+    from solbound.ir.execute import execute
+    m, k, n, blk = 8, 256, 256, 128
+    meta = dict(device="meta")
+    args = (torch.empty(m, k, dtype=torch.float8_e4m3fn, **meta),
+            torch.empty(n, k, dtype=torch.float8_e4m3fn, **meta),
+            torch.empty(m, k // blk, **meta), torch.empty(k // blk, n // blk, **meta))
+    rep = analyze(BlockScaledFp8(), args, arch="h100-sxm")
+    assert not rep.unsupported
+    # the tensor cores sum each 128-wide K block of every output (m*n*k MACs, fp8); the
+    # vector pipe scales each block's sum by its two scales and adds the blocks: two
+    # multiplies and an add per output and block
+    assert rep.counts.macs == m * n * k + m * n * (k // blk)
+    b = rep.bound("h100-sxm", "fused")
+    assert b.pipe_seconds.get("tensor_fp8", 0) > 0
+    # fp8 operands once, fp32 scales once, the bf16 result
+    assert rep.counts.fused.bytes == m * k + n * k + 4 * (m * k // blk + k * n // blk ** 2) \
+        + 2 * m * n
+    # the IR computes the definition: sum_k a[m,k] sa[m, k/128] w[n,k] sw[k/128, n/128]
+    rng = np.random.default_rng(0)
+    a = rng.integers(-8, 8, (m, k)).astype(np.float32)        # exact in e4m3
+    w = rng.integers(-8, 8, (n, k)).astype(np.float32)
+    sa = rng.random((m, k // blk)).astype(np.float32)
+    sw = rng.random((k // blk, n // blk)).astype(np.float32)
+    names = [t.name for t in rep.program.tensors if t.role == "input"]
+    out = execute(rep.program, dict(zip(names, (a, w, sa, sw))))
+    y = out[next(t.name for t in rep.program.tensors if t.role == "output")]
+    want = (a * np.repeat(sa, blk, 1)) @ (w * np.repeat(np.repeat(sw, blk, 0), blk, 1).T).T
+    # float32 sums in another order: the error is relative to the largest output
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-6 * np.abs(want).max())

@@ -63,22 +63,47 @@ def out_dtype(ctx: OpCtx) -> None:
     ctx.bind(out)
 
 
+def _block(scale, rows: int, cols: int, name: str) -> tuple[int, int] | None:
+    """The (row, column) block a 2-d scale tensor covers of a ``rows x cols`` operand
+    (``[M, K/128]``: blocks of 1 x 128; ``[K/128, N/128]``: 128 x 128), or None for a
+    tensor-wise or row-wise scale."""
+    from ..lower import LoweringError
+    if not isinstance(scale, View) or scale.ndim < 2 or tuple(scale.shape) in (
+            (rows, 1), (1, cols)):
+        return None
+    if scale.dtype.startswith("f8"):
+        raise LoweringError(f"_scaled_mm {name} in {scale.dtype} (MX block scales, stored "
+                            f"swizzled): not lowered")
+    r, c = scale.shape[-2:]
+    if scale.ndim != 2 or rows % r or cols % c:
+        raise LoweringError(f"_scaled_mm {name} of shape {tuple(scale.shape)} for a "
+                            f"{rows}x{cols} operand: not a tensor-wise, row-wise or "
+                            f"block-wise scale")
+    return rows // r, cols // c
+
+
 @rule("aten._scaled_mm")
 def scaled_mm(ctx: OpCtx) -> None:
     """``_scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype)``: an fp8 (or
     int8) product on the tensor cores of its operands' dtype, accumulated in fp32, then
     scaled: per tensor (0-d scales) or per row of ``a`` and column of ``b`` ([M, 1] and
-    [1, N]), plus an optional bias, written at ``out_dtype``."""
-    from ..lower import LoweringError
+    [1, N]), plus an optional bias, written at ``out_dtype``.
+
+    Block-wise scales (DeepSeek-V3's fp8: ``scale_a [M, K/128]`` over 1 x 128 blocks of
+    ``a``, ``scale_b [K/128, N/128]`` over 128 x 128 blocks of ``b``; any block sizes the
+    shapes divide) scale each block's partial sums: the tensor cores sum each K block
+    (``partial[m, n, kb]``), then ``sum_kb partial * scale_a[m/bm, kb] * scale_b[kb, n/bn]``
+    on the vector pipe, as block-scaled GEMMs promote each block's sums."""
     a, b, sa, sb = ctx.args[:4]
     bias = ctx.args[4] if len(ctx.args) > 4 else ctx.kwargs.get("bias")
     result = ctx.args[5] if len(ctx.args) > 5 else ctx.kwargs.get("scale_result")
     out = ctx.output()
     m, n = out.shape
-    for name, s_, ok in (("scale_a", sa, ((), (1,), (m, 1))), ("scale_b", sb, ((), (1,), (1, n)))):
-        if isinstance(s_, View) and tuple(s_.shape) not in ok:
-            raise LoweringError(f"_scaled_mm {name} of shape {tuple(s_.shape)}: tensor-wise "
-                                f"and row-wise scales are lowered, not block-wise ones")
+    k = a.shape[1]
+    ba, bb = _block(sa, m, k, "scale_a"), _block(sb, k, n, "scale_b")
+    if ba is not None or bb is not None:
+        _block_scaled(ctx, a, b, sa, sb, ba, bb, out, bias, result)
+        return
     acc = ctx.new_tensor(out.shape, "f32", ctx.node.name + "_acc")
     _matmul(ctx, a, b, acc, 0)
     kb = ctx.builder(out.shape)
@@ -90,6 +115,50 @@ def scaled_mm(ctx: OpCtx) -> None:
     if isinstance(bias, View):
         e = add(e, kb.load(bias, bcast_index(bias, out.shape, idx)))
     ctx.emit(kb, out, idx, e)
+    ctx.bind(out)
+
+
+def _block_scaled(ctx: OpCtx, a: View, b: View, sa, sb, ba, bb, out: View, bias,
+                  result) -> None:
+    from ..lower import KernelBuilder, LoweringError
+    m, n = out.shape
+    k = a.shape[1]
+    if ba is not None and bb is not None and ba[1] != bb[0]:
+        raise LoweringError(f"_scaled_mm: scale_a's blocks span {ba[1]} inputs, scale_b's "
+                            f"{bb[0]}")
+    bk = ba[1] if ba is not None else bb[0]
+    r = ba[0] if ba is not None else 1           # rows of a per scale_a block
+    c = bb[1] if bb is not None else 1           # columns of b per scale_b block
+    nk = k // bk
+    v = {x: Aff.var(x) for x in ("mh", "ml", "nh", "nl", "kb", "ki")}
+    mi, ni = v["mh"] * r + v["ml"], v["nh"] * c + v["nl"]
+    kk = v["kb"] * bk + v["ki"]
+    # the tensor cores: each K block's partial sums
+    part = ctx.new_tensor((m, n, nk), "f32", ctx.node.name + "_blocks")
+    pb = KernelBuilder(ctx.low, [("mh", m // r), ("ml", r), ("nh", n // c), ("nl", c),
+                                 ("kb", nk), ("ki", bk)])
+    ctx.emit(pb, part, [mi, ni, v["kb"]], mul(pb.load(a, [mi, kk]), pb.load(b, [kk, ni])),
+             reduce="sum", unit="matmul")
+    # the vector pipe: each block's sums scaled, then summed over the blocks
+    sk = KernelBuilder(ctx.low, [("mh", m // r), ("ml", r), ("nh", n // c), ("nl", c),
+                                 ("kb", nk)])
+    e = sk.load(part, [mi, ni, v["kb"]])
+    e = mul(e, sk.load(sa, [v["mh"], v["kb"]]) if ba is not None
+            else sk.load(sa, bcast_index(sa, (m, n), [mi, ni])))
+    e = mul(e, sk.load(sb, [v["kb"], v["nh"]]) if bb is not None
+            else sk.load(sb, bcast_index(sb, (m, n), [mi, ni])))
+    if isinstance(result, View):
+        e = mul(e, sk.load(result, bcast_index(result, (m, n), [mi, ni])))
+    if not isinstance(bias, View):
+        ctx.emit(sk, out, [mi, ni], e, reduce="sum")
+        ctx.bind(out)
+        return
+    acc = ctx.new_tensor((m, n), "f32", ctx.node.name + "_acc")
+    ctx.emit(sk, acc, [mi, ni], e, reduce="sum")
+    kb = ctx.builder(out.shape)
+    idx = dims_vars(2)
+    ctx.emit(kb, out, idx, add(kb.load(acc, idx), kb.load(bias, bcast_index(bias, out.shape,
+                                                                              idx))))
     ctx.bind(out)
 
 
