@@ -119,6 +119,25 @@ def test_torchao_int8_dynamic_activations_int8_weights_on_the_int8_pipe():
     _check(rep, T * K * N, N * K + N * 4 + T * K * 4 + T * N * 4, "tensor_int8")
 
 
+def test_torchao_int4_weight_only_on_its_cpu_layout():
+    """torchao's int4 weight-only for CPUs (``PrototypeInt4WeightOnlyConfig``: its
+    ``Int4OpaqueTensor`` packs with ``_convert_weight_to_int4pack_for_cpu`` and multiplies
+    with ``_weight_int4pack_mm_for_cpu``; the default ``Int4WeightOnlyConfig`` needs mslk,
+    which does not install here)."""
+    pytest.importorskip("torchao.prototype.quantization.int4")
+    from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
+    from torchao.quantization import quantize_
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = nn.Sequential(nn.Linear(K, N, bias=False, dtype=torch.bfloat16))
+        quantize_(m, PrototypeInt4WeightOnlyConfig(group_size=G))
+    rep = analyze(m, (torch.randn(T, K, dtype=torch.bfloat16),), arch="h100-sxm",
+                  validate=True)
+    # 4-bit weights (N*K/2 B), a bf16 scale and zero per group and output
+    _check(rep, T * K * N, N * K // 2 + (K // G) * N * 2 * 2 + T * K * 2 + T * N * 2,
+           "tensor_bf16")
+
+
 def test_jax_products_on_int8_and_fp8_operands():
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
