@@ -350,3 +350,21 @@ def test_block_scaled_fp8_product():
     want = (a * np.repeat(sa, blk, 1)) @ (w * np.repeat(np.repeat(sw, blk, 0), blk, 1).T).T
     # float32 sums in another order: the error is relative to the largest output
     np.testing.assert_allclose(y, want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+def test_mx_scales_are_named_and_nothing_vanishes_from_the_bound():
+    """e8m0 (MX) block scales are not lowered: the product is named unsupported in one
+    line with its source, and what it moves stays in the bound (its fp8 operands and
+    scales read, its bf16 result written) rather than counting as zero."""
+    m, k, n = 8, 256, 256
+    meta = dict(device="meta")
+    args = (torch.empty(m, k, dtype=torch.float8_e4m3fn, **meta),
+            torch.empty(n, k, dtype=torch.float8_e4m3fn, **meta),
+            torch.empty(m, k // 32, dtype=torch.float8_e8m0fnu, **meta),
+            torch.empty(n, k // 32, dtype=torch.float8_e8m0fnu, **meta))
+    rep = analyze(BlockScaledFp8(), args, arch="h100-sxm")
+    [u] = rep.unsupported
+    assert u.operator == "aten._scaled_mm" and u.source.startswith("test_quantized.py:")
+    assert "e8m0 (MX block scales" in u.reason or "f8e8m0 (MX block scales" in u.reason
+    assert rep.counts.fused.bytes == m * k + n * k + (m + n) * k // 32 + 2 * m * n
+    assert rep.counts.macs == 0

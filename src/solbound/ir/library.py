@@ -282,6 +282,16 @@ for _kind in KINDS:
     ROUTINES[_kind] = Routine(_collective_run, lambda shapes, p: {})
 
 
+def _opaque_run(a, p):
+    raise RuntimeError(f"{p.get('op', 'an operator')} has no lowering rule: the IR does not "
+                       f"compute it")
+
+
+# an operator solbound cannot lower: its operands are read and its results written at their
+# sizes (nothing vanishes from the bound), its arithmetic is unknown and not counted
+ROUTINES["opaque"] = Routine(_opaque_run, lambda shapes, p: {})
+
+
 def routine_cost(name: str, shapes: list[tuple[int, ...]], params: dict) -> dict[str, int]:
     """FLOPs per unit of one call (zero when another output's kernel carries them)."""
     if not params.get("cost", True):

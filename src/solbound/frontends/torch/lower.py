@@ -26,7 +26,8 @@ from typing import Any, Callable
 import torch
 
 from ...ir.affine import Aff, Atom, Guard
-from ...ir.model import Access, Expr, Kernel, Program, TensorDecl, kernel_reads, subst_expr
+from ...ir.model import (Access, Call, Const, Expr, Kernel, Program, TensorDecl, kernel_reads,
+                         subst_expr)
 from ...ir.demand import restrict_to_demand
 from ...ir.passes import (FlatIndirectError, contiguous_strides, flatten_bases, prune_dead,
                           runtime_mask_notes)
@@ -794,6 +795,24 @@ class Lowering:
         self.env[node] = outs if multi else outs[0]
         return True
 
+    def _opaque(self, node: torch.fx.Node, opname: str, out: View, operands: list[View],
+                first: bool) -> None:
+        """A library kernel ``opaque`` for an operator with no rule: it reads every operand
+        and writes ``out`` whole, with no arithmetic (``ir.library``), so what the operator
+        moves stays in the bound; the executor refuses it (validation is skipped where
+        anything is unsupported)."""
+        dims = [(f"d{i}", n) for i, n in enumerate(out.shape)]
+        for j, v in enumerate(operands):
+            dims += [(f"a{j}_{i}", n) for i, n in enumerate(v.shape)]
+        kb = KernelBuilder(self, dims)
+        accs = [kb.load(v, [Aff.var(f"a{j}_{i}") for i in range(v.ndim)])
+                for j, v in enumerate(operands)]
+        body = (Const(0) if not accs else accs[0] if len(accs) == 1
+                else Call("operands", tuple(accs)))
+        k = kb.finish(self.kernel_name(node.name), out.base,
+                      [Aff.var(f"d{i}") for i in range(out.ndim)], body)
+        self.add_kernel(k.with_(lib=("opaque", (("op", opname), ("cost", first)))), node)
+
     def _unsupported(self, node: torch.fx.Node, reason: str) -> None:
         opname = re.sub(r"\.default$", "", str(node.target))
         src = self._cur_group[2]
@@ -809,6 +828,7 @@ class Lowering:
                 decl = self.tensors[v.base]
                 if decl.role == "intermediate":
                     self.tensors[v.base] = TensorDecl(decl.name, decl.shape, decl.dtype, "output")
+        operands = [v for arg in node.all_input_nodes for v in _flat_views(self.env.get(arg))]
         for i, v in enumerate(vals):
             if isinstance(v, torch.Tensor):
                 try:
@@ -820,10 +840,11 @@ class Lowering:
                         f"sizes (a selection such as nonzero, masked_select or x[mask]: state "
                         f"how much it keeps with --select-fraction F)") from None
                 out = self.new_base(f"{node.name}_unsupported" + (f"_{i}" if len(vals) > 1 else ""),
-                                    shape, TORCH_DTYPES[v.dtype], "input")
+                                    shape, TORCH_DTYPES[v.dtype], "output")
+                self._opaque(node, opname, out, operands, first=not outs)
                 self.notes.append(f"{out.base} is produced by unsupported {opname} "
-                                  f"({src or 'unknown source'}): treated as a program input, "
-                                  f"its work is not counted")
+                                  f"({src or 'unknown source'}): its operands are read and its "
+                                  f"result written at their sizes, its work is not counted")
                 outs.append(out)
             else:
                 outs.append(v)
