@@ -75,6 +75,9 @@ def test_views_move_no_data_and_unsupported_primitives_are_named():
     assert [u.operator for u in rep.lowered.unsupported] == ["jax.lgamma"]
     assert rep.lowered.unsupported[0].source.startswith("test_jax.py:")
     assert rep.counts.flops["vector"] == 12                      # only the product
+    # what lgamma moves stays in the bound: the 12 elements of x it reads, its 12 results
+    # written (DRAM: the operator is opaque), then the product's 12 results
+    assert rep.counts.fused.bytes == 3 * 12 * 4
 
 
 def test_jax_ir_text_round_trips():

@@ -385,9 +385,7 @@ class JaxLowering:
             except JaxLoweringError as e:
                 self.unsupported.append(Unsupported(f"jax.{name}", _src(eqn) or self._group[2],
                                                     str(e), name))
-                for var in eqn.outvars:
-                    self.env[var] = self.new_base("scan_unsupported", *aval_ir(var.aval),
-                                                  "input")
+                self._opaque(eqn, [self.read(a) for a in eqn.invars], "scan")
                 return
         args = [self.read(a) for a in eqn.invars]
         if args and not any(isinstance(a, JView) for a in args) \
@@ -420,8 +418,31 @@ class JaxLowering:
             reason += f"; {why}" if why else ""
         self.unsupported.append(Unsupported(f"jax.{name}", _src(eqn) or self._group[2],
                                             reason, name))
-        for var in eqn.outvars:
-            self.env[var] = self.new_base(f"{name}_unsupported", *aval_ir(var.aval), "input")
+        self._opaque(eqn, args, name)
+
+    def _opaque(self, eqn, args: list, name: str) -> None:
+        """An equation no rule lowers: one ``opaque`` library kernel per output
+        (``ir/library.py``) reading every operand and writing the output at their sizes,
+        with no arithmetic, both kept in DRAM; its work is named, its traffic counted."""
+        from ...ir.model import Call
+        views = [a for a in args if isinstance(a, JView)]
+        for v in views:
+            decl = self.tensors[v.base]
+            if decl.role == "intermediate":
+                self.tensors[v.base] = TensorDecl(decl.name, decl.shape, decl.dtype, "output")
+        ctx = Ctx(self, eqn, args)
+        for i, var in enumerate(eqn.outvars):
+            out = self.new_base(f"{name}_unsupported", *aval_ir(var.aval), "output")
+            dims = [(f"d{j}", n) for j, n in enumerate(out.shape)]
+            accs = []
+            for a, v in enumerate(views):
+                dims += [(f"a{a}_{j}", n) for j, n in enumerate(v.shape)]
+                accs.append(ctx.load(v, [Aff.var(f"a{a}_{j}") for j in range(v.ndim)]))
+            body = (Const(0) if not accs else accs[0] if len(accs) == 1
+                    else Call("operands", tuple(accs)))
+            ctx.emit_library(out, dims, [Aff.var(f"d{j}") for j in range(out.ndim)], body,
+                             ("opaque", (("op", f"jax.{name}"), ("cost", i == 0))))
+            self.env[var] = out
 
     def _translate(self, eqn, args: list) -> tuple[bool, str]:
         """The agent's validated IR for ``eqn`` (``frontends/jax/agent.py``) spliced in its
