@@ -190,6 +190,18 @@ case("scaled_mm-rowwise",
                                       out_dtype=torch.float32),
      [((4, 16), (8, 16))], {"sa": torch.rand(4, 1) + 0.5, "sb": torch.rand(1, 8) + 0.5,
                             "bias": torch.randn(8)}, make=_fp8)
+# PyTorch's CPU int4 weights packed in the forward and multiplied: 80 outputs are one
+# block of 64 and a tail of 16 (the two layouts of rules/int4pack.py), groups of 32
+case("int4pack-cpu",
+     lambda s, x: torch._weight_int4pack_mm_for_cpu(
+         x, torch._convert_weight_to_int4pack_for_cpu(s.q, 1), 32, s.sz),
+     [((4, 64),), ((1, 64),)],
+     {"q": torch.randint(0, 16, (80, 64), dtype=torch.int32),
+      "sz": torch.stack([torch.rand(2, 80) * 0.1, torch.randn(2, 80) * 0.1], -1)
+      .to(torch.bfloat16)},
+     make=lambda sh: torch.randn(*sh).to(torch.bfloat16))
+
+
 def _out_dtype_mm(s, a, b):
     from torch._higher_order_ops.out_dtype import out_dtype
     return out_dtype(torch.ops.aten.mm.default, torch.int32, a, b).float()
