@@ -28,6 +28,29 @@ def test_the_shrinker_is_one_rule_over_field_names():
     assert small.vocab_size == 4096 and changed["vocab_size"] == (32000, 4096)
 
 
+def test_the_shrinker_keeps_what_a_config_requires():
+    """Relations a model or its config's validator needs, kept by rules over field names:
+    a top-k left None by the default config (DeepSeek-V2) gets the shrinker's 2 per token;
+    layers that reuse another layer's cache (Gemma 3n) keep one of each kind producing and
+    one reusing; a latent-attention head size that must be the sum of its parts (dots3) is
+    tried as that sum; a causal LM is a decoder (BERT's causal head)."""
+    import torch
+    b = zoo.build("deepseek_v2")
+    assert b.config.num_experts_per_tok == 2 and b.changed["num_experts_per_tok"] == (None, 2)
+    b = zoo.build("gemma3n_text")
+    assert b.config.num_hidden_layers == 4 and b.config.num_kv_shared_layers == 2
+    assert b.config.layer_types == ["sliding_attention", "full_attention"] * 2
+    b = zoo.build("dots3_note")
+    c = b.config
+    assert c.head_dim == c.qk_nope_head_dim + c.qk_rope_head_dim == 32
+    b = zoo.build("bert")
+    assert b.config.is_decoder and b.changed["is_decoder"] == (False, True)
+    for name in ("deepseek_v2", "gemma3n_text", "dots3_note"):
+        m = zoo.build(name)
+        with torch.no_grad():
+            m.model(*m.inputs)               # the default call runs in eager PyTorch
+
+
 @pytest.mark.parametrize("model_type", SAMPLE)
 def test_a_registered_architecture_called_with_its_defaults(model_type):
     b = zoo.build(model_type)

@@ -61,6 +61,7 @@ _TOPK = re.compile(r"(num_experts_per_tok|num_experts_per_token|top_k|moe_topk|"
                    r"n_activated_experts|experts_per_token|moe_k)")
 _GROUPS = re.compile(r"(n_group|topk_group|num_expert_group|n_groups|mamba_n_groups|ssm_n_groups)")
 _VOCAB = re.compile(r".*vocab_size")
+_KV_SHARED = re.compile(r"num_kv_shared_layers|num_shared_kv_layers|kv_shared_layers")
 _TOKEN_ID = re.compile(r".*_token_id")
 _POSITIONS = re.compile(r"(max_position_embeddings|n_positions|max_seq_len|seq_length|"
                         r"max_sequence_length|n_ctx)")
@@ -159,11 +160,30 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
         if kinds_n != n:
             for k in layer_keys:
                 out[k] = (out[k][0], kinds_n)
+        # layers that reuse an earlier layer's cache (Gemma 3n: the last
+        # num_kv_shared_layers): one of each kind reuses one of each kind, so the kinds
+        # appear twice, once producing a cache and once reusing it
+        shared = [k for k, v in ints.items() if _KV_SHARED.fullmatch(k) and v > 0]
+        if shared:
+            for k in shared:
+                put(k, kinds_n)
+            for k, v in values.items():
+                if isinstance(v, list) and len(v) == old_n and v and k in out:
+                    put(k, out[k][1] * 2)
+            kinds_n *= 2
+            for k in layer_keys:
+                out[k] = (out[k][0], kinds_n)
         # settings per layer index ({25: {...}, 26: {...}}): those of the layers kept
         for k, v in values.items():
             if isinstance(v, dict) and v and all(str(x).isdigit() for x in v) \
                     and any(int(x) >= kinds_n for x in v):
                 put(k, {x: y for x, y in v.items() if int(x) < kinds_n})
+    # the experts each token is routed to, left None by a default config whose model
+    # reads it as a number (DeepSeek-V2): the shrinker's own number of experts per token
+    if any(_EXPERTS.fullmatch(k) and type(v) is int and v > 0 for k, v in values.items()):
+        for k, v in values.items():
+            if _TOPK.fullmatch(k) and v is None:
+                put(k, EXPERTS_PER_TOKEN)
     # a layer pattern given by period and offset (Jamba's attention every 8th layer from
     # the 4th) repeats within the shrunk layers
     for k, v in ints.items():
@@ -215,6 +235,12 @@ def shrink_config(cfg) -> tuple[Any, dict]:
         # expand x hidden): other head sizes are tried before giving up
         heads = [k for k in over if _HEAD_DIM.fullmatch(k)]
         tries = [{}] + [{k: d for k in heads} for d in (32, 8, 64, 4)] if heads else [{}]
+        # ... or to the sum of its parts without and with rotary position (multi-head
+        # latent attention validators: head_dim = qk_nope_head_dim + qk_rope_head_dim)
+        nope, rope = kwargs.get("qk_nope_head_dim"), kwargs.get("qk_rope_head_dim")
+        if type(nope) is int and type(rope) is int:
+            tries.insert(1, {k: nope + rope for k in ("head_dim", "qk_head_dim")
+                             if type(kwargs.get(k)) is int and kwargs[k] != nope + rope})
         first = None
         for extra in tries:
             try:
@@ -222,7 +248,7 @@ def shrink_config(cfg) -> tuple[Any, dict]:
             except Exception as e:  # noqa: BLE001
                 first = first or e
                 continue
-            changed.update({prefix + k: (over[k][0], v) for k, v in extra.items()})
+            changed.update({prefix + k: (values.get(k), v) for k, v in extra.items()})
             return new
         raise ShrinkError(f"{type(c).__name__}: the shrunk config does not construct: "
                           f"{type(first).__name__}: {(str(first).splitlines() or [''])[0][:200]}") from None
@@ -309,6 +335,11 @@ def build(model_type: str, task: str = "causal-lm") -> Built:
         raise ShrinkError(f"{model_type}: the default config does not construct: "
                           f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
     cfg, changed = shrink_config(default)
+    # a causal LM is a decoder: the encoder families registered for the task (BERT,
+    # RoBERTa, X-MOD, Reformer) ask their users to say so, and refuse or warn without it
+    if task == "causal-lm" and getattr(cfg, "is_decoder", None) is False:
+        cfg.is_decoder = True
+        changed["is_decoder"] = (False, True)
     torch.manual_seed(0)
     try:
         model = cls(cfg).eval()
@@ -322,6 +353,10 @@ def build(model_type: str, task: str = "causal-lm") -> Built:
                               f"not build the model either: {type(e2).__name__}: "
                               f"{(str(e2).splitlines() or [''])[0][:200]}") from None
         raise ShrinkError(f"{cls_name}: does not build from the shrunk config: {why}") from None
+    # a model over several languages (X-MOD) is called after its user picks one: the first
+    langs = getattr(cfg, "languages", None)
+    if hasattr(model, "set_default_language") and langs:
+        model.set_default_language(list(langs)[0])
     inputs = _inputs(task, cfg, model)
     del modeling_auto
     return Built(cls_name, model_type, task, model, inputs, cfg, changed)
