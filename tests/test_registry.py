@@ -33,7 +33,8 @@ def test_the_shrinker_keeps_what_a_config_requires():
     a top-k left None by the default config (DeepSeek-V2) gets the shrinker's 2 per token;
     layers that reuse another layer's cache (Gemma 3n) keep one of each kind producing and
     one reusing; a latent-attention head size that must be the sum of its parts (dots3) is
-    tried as that sum; a causal LM is a decoder (BERT's causal head)."""
+    tried as that sum; a causal LM is a decoder (BERT's causal head); widths in parts and
+    positions in factors keep their relations (Reformer)."""
     import torch
     b = zoo.build("deepseek_v2")
     assert b.config.num_experts_per_tok == 2 and b.changed["num_experts_per_tok"] == (None, 2)
@@ -45,7 +46,13 @@ def test_the_shrinker_keeps_what_a_config_requires():
     assert c.head_dim == c.qk_nope_head_dim + c.qk_rope_head_dim == 32
     b = zoo.build("bert")
     assert b.config.is_decoder and b.changed["is_decoder"] == (False, True)
-    for name in ("deepseek_v2", "gemma3n_text", "dots3_note"):
+    # Reformer: axial position embedding widths summing to the model width keep their
+    # 1:3 proportion; the axial shape multiplies to the shrunk number of positions
+    b = zoo.build("reformer")
+    c = b.config
+    assert list(c.axial_pos_embds_dim) == [16, 48] and sum(c.axial_pos_embds_dim) == c.hidden_size
+    assert c.axial_pos_shape[0] * c.axial_pos_shape[1] == c.max_position_embeddings == 512
+    for name in ("deepseek_v2", "gemma3n_text", "dots3_note", "reformer"):
         m = zoo.build(name)
         with torch.no_grad():
             m.model(*m.inputs)               # the default call runs in eager PyTorch

@@ -184,6 +184,26 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
         for k, v in values.items():
             if _TOPK.fullmatch(k) and v is None:
                 put(k, EXPERTS_PER_TOKEN)
+    # widths given in parts that sum to the model width (Reformer's axial position
+    # embeddings) keep their proportions; factors whose product is the number of positions
+    # (its axial position shape) halve their largest until they multiply to the new one
+    for k, v in values.items():
+        if not (isinstance(v, (list, tuple)) and len(v) > 1
+                and all(type(x) is int and x > 0 for x in v)):
+            continue
+        for f, (old, new) in list(out.items()):
+            if type(old) is not int or type(new) is not int or old == new:
+                continue
+            if _HIDDEN.fullmatch(f) and sum(v) == old and all(x * new % old == 0 for x in v):
+                put(k, type(v)(x * new // old for x in v))
+                break
+            if _POSITIONS.fullmatch(f) and _prod(v) == old and new < old:
+                parts = list(v)
+                while _prod(parts) > new and max(parts) % 2 == 0:
+                    parts[parts.index(max(parts))] //= 2
+                if _prod(parts) == new:
+                    put(k, type(v)(parts))
+                break
     # a layer pattern given by period and offset (Jamba's attention every 8th layer from
     # the 4th) repeats within the shrunk layers
     for k, v in ints.items():
@@ -192,6 +212,13 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
             off = k.replace("_period", "_offset")
             if type(values.get(off)) is int:
                 put(off, values[off] % LAYERS)
+    return out
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
     return out
 
 
