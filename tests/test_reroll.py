@@ -291,6 +291,32 @@ def test_a_training_step_rerolls_forward_backward_and_optimizer():
                              "optimizer_state": 90}
 
 
+def test_gemma2_called_with_its_defaults_rerolls_its_alternating_layers():
+    """Sliding and full attention alternate (period 2) and the default call returns the
+    cache: each sliding layer's cache also holds its window as a tensor, written outside
+    the layers' chain. It repeats with every layer's block of outputs (the untraced layers'
+    written by copies of the first's writer), so the counts are the unrolled program's to
+    the byte and every leaf of the cache is compared."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       vocab_size=256, sliding_window=4)
+    m = Gemma2ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 256, (1, 16))
+    full = solbound.analyze(m, (ids,), reroll=False)
+    rep = solbound.analyze(m, (ids,), validate=True)
+    [r] = rep.lowered.rerolled
+    assert (r["period"], r["traced"], r["trip"]) == (2, 4, 3)
+    a, b = rep.counts, full.counts
+    assert (a.macs, a.flops, a.fused.bytes, a.unfused.bytes) == \
+        (b.macs, b.flops, b.fused.bytes, b.unfused.bytes)
+    # logits, then per layer keys and values, and the sliding layers' window: 1 + 3 x 3 + 3 x 2
+    paths = [o["path"] for o in rep.lowered.outputs]
+    assert paths == [o["path"] for o in full.lowered.outputs] and len(paths) == 16
+    assert rep.validation["status"] == "passed", rep.validation
+
+
 def test_a_list_of_experts_is_not_a_stack():
     """Experts in a ModuleList run as the routing decides: truncating the list would hide
     the experts a trace does not reach, so a list whose layers carry no value from one to

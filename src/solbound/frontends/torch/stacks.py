@@ -30,6 +30,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from ...ir.model import kernel_reads
+from ...ir.text import fresh_name
 from ...ir.reroll import RerollError, reroll
 
 _PLAIN = (bool, int, float, str, type(None))
@@ -295,9 +296,15 @@ def _remap(lowered, program, info, s: Stack):
         if o.get("ir") in info.removed and o.get("ir") not in member_of:
             raise RerollError(f"output {o.get('path') or o.get('target') or o['ir']} is a "
                               f"layer's value the loop does not keep")
+    # an output the loop does not hold may sit inside each layer's block, at the same
+    # place in both traced blocks (a sliding-window cache's length, computed outside the
+    # layers' chain from values every layer shares): it repeats with the block ("W"), the
+    # first layer's value standing for every layer's, as the untraced layers' claim says
     copy_of = [member_of.get(o.get("ir"), (None, -1))[1] for o in outs]
+    copy_of = ["W" if c == -1 and o.get("ir") in tensors else c
+               for c, o in zip(copy_of, outs)]
     if sum(c == 0 for c in copy_of) != sum(c == 1 for c in copy_of) or \
-            any(c > 1 for c in copy_of):
+            any(isinstance(c, int) and c > 1 for c in copy_of):
         raise RerollError("the layers' outputs are not one block per traced layer")
     runs = []
     i = 0
@@ -308,26 +315,61 @@ def _remap(lowered, program, info, s: Stack):
             i += 1
             continue
         j = i
-        while j < len(outs) and copy_of[j] == 0:
+        while j < len(outs) and copy_of[j] in (0, "W"):
             j += 1
+        while copy_of[j - 1] == "W":
+            j -= 1
         n = j - i
-        if copy_of[j:j + n] != [1] * n:
+        if copy_of[j:j + n] != [1 if c == 0 else c for c in copy_of[i:j]]:
             raise RerollError("the layers' outputs are not one block per layer")
         runs.append((i, n))
         i = j + n
+    extra_t, extra_k = [], []
+    taken = set(tensors) | {k.name for k in program.kernels}
+    loop_t = set(member_of) | set(info.stacked) | set(info.kept)
+
+    def outside(o0, o1) -> list[str]:
+        """A value the loop does not hold ("W"), one tensor per layer: the two traced
+        layers' own, and for each untraced one a copy of the first's writers (which read
+        only what every layer shares, or the claim would not hold)."""
+        src = o0["ir"]
+        writers = [k for k in program.kernels if src in k.outputs]
+        for k in writers:
+            if k.out2 is not None or k.loop is not None or \
+                    any(a.tensor in loop_t for a in kernel_reads(k)):
+                raise RerollError(f"output {o0.get('path') or src} of a layer is computed "
+                                  f"outside the loop from a layer's values")
+        names = [src, o1["ir"]]
+        for c in range(2, trip):
+            name = fresh_name(f"{src}_layer{c}", taken)
+            extra_t.append(replace(tensors[src], name=name))
+            extra_k.extend((k.name, k.with_(name=fresh_name(f"{k.name}_layer{c}", taken),
+                                            out=name)) for k in writers)
+            names.append(name)
+        return names
+
     for first, n in reversed(runs):
-        # per output of a layer: its tensor, one layer's elements, its path and target
-        # for every layer
+        # per output of a layer: its tensor (one per layer for a value outside the loop),
+        # one layer's elements, its path and target for every layer
         leaves = []
         for o0, o1 in zip(outs[first:first + n], outs[first + n:first + 2 * n]):
-            new, _ = member_of[o0["ir"]]
             names = {key: _advance([o0[key], o1[key]], trip) for key in ("path", "target")
                      if o0.get(key) and o1.get(key) and o0[key] != o1[key]}
-            leaves.append((o0, new, tensors[new].numel // trip, names))
-        new_block = [dict(o0, ir=new, offset=o0.get("offset", 0) + c * per,
+            if o0["ir"] in member_of:
+                new = member_of[o0["ir"]][0]
+                leaves.append((o0, [new] * trip, tensors[new].numel // trip, names))
+            else:
+                leaves.append((o0, outside(o0, o1), 0, names))
+        new_block = [dict(o0, ir=new[c], offset=o0.get("offset", 0) + c * per,
                           **{key: names[key][c] for key in names})
                      for c in range(trip) for o0, new, per, names in leaves]
         outs = outs[:first] + new_block + outs[first + 2 * n:]
+    if extra_k:                # each copy right after the first layer's writer it copies
+        ks = list(program.kernels)
+        for orig, k in reversed(extra_k):
+            ks.insert(next(i for i, x in enumerate(ks) if x.name == orig) + 1, k)
+        program = program.__class__(tuple(program.tensors) + tuple(extra_t), tuple(ks),
+                                    program.notes)
     used_ops = {k.op for k in program.kernels}
     body_ops = {k.op for k in program.kernels if k.loop and k.loop[2] == info.loop_id}
     groups = {}
