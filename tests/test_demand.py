@@ -181,7 +181,7 @@ def test_a_slice_held_as_its_region_computes_the_same_rows():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, 4)).astype(np.float32) * 0.3
     p = parse_program(DENSITY)
-    q = compacted(sliced(p, {"out"}, 4))
+    q = compacted(sliced(p, {"out"}, 4), {"out": 16})
     assert [t.shape for t in q.tensors] == [(64, 4), (16, 64), (64,)]
     assert [k.dims for k in q.kernels] == [(("i", 16), ("j", 64), ("k", 4)),
                                            (("i", 16), ("j", 64))]
@@ -189,7 +189,7 @@ def test_a_slice_held_as_its_region_computes_the_same_rows():
     np.testing.assert_allclose(part["out"], whole["out"], rtol=1e-6)
     m = parse_program(MEANT)
     xm = rng.standard_normal((8, 8)).astype(np.float32)
-    qm = compacted(sliced(m, {"y"}, 2))
+    qm = compacted(sliced(m, {"y"}, 2), {"y": 4})
     # y's rows 0..3 read t's rows 7..4: part keeps all 8 rows, t stays whole
     assert [t.shape for t in qm.tensors] == [(8, 8), (8, 8), (8, 8)]
     assert qm.kernels[0].dims == (("i", 8), ("j", 8))

@@ -317,6 +317,26 @@ def test_gemma2_called_with_its_defaults_rerolls_its_alternating_layers():
     assert rep.validation["status"] == "passed", rep.validation
 
 
+def test_mistral_with_a_window_rerolls_with_the_window_last_in_each_block():
+    """Every layer's cache block ends with its window tensor (keys, values, window): the
+    value outside the loop closes the block, and the layers still reroll with equal counts."""
+    from transformers import MistralConfig, MistralForCausalLM
+    torch.manual_seed(0)
+    cfg = MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        vocab_size=256, sliding_window=4)
+    m = MistralForCausalLM(cfg).eval()
+    ids = torch.randint(0, 256, (1, 8))
+    full = solbound.analyze(m, (ids,), reroll=False)
+    rep = solbound.analyze(m, (ids,), validate=True)
+    assert [r["trip"] for r in rep.lowered.rerolled] == [4]
+    a, b = rep.counts, full.counts
+    assert (a.macs, a.flops, a.fused.bytes, a.unfused.bytes) == \
+        (b.macs, b.flops, b.fused.bytes, b.unfused.bytes)
+    assert [o["path"] for o in rep.lowered.outputs] == [o["path"] for o in full.lowered.outputs]
+    assert rep.validation["status"] == "passed", rep.validation
+
+
 def test_a_list_of_experts_is_not_a_stack():
     """Experts in a ModuleList run as the routing decides: truncating the list would hide
     the experts a trace does not reach, so a list whose layers carry no value from one to

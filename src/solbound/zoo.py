@@ -187,8 +187,9 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     # widths given in parts that sum to the model width (Reformer's axial position
     # embeddings) keep their proportions; factors whose product is the number of positions
     # (its axial position shape) halve their largest until they multiply to the new one
+    old_layers = {out[k][0] for k in out if _LAYERS.fullmatch(k)}
     for k, v in values.items():
-        if not (isinstance(v, (list, tuple)) and len(v) > 1
+        if not (isinstance(v, (list, tuple)) and len(v) > 1 and len(v) not in old_layers
                 and all(type(x) is int and x > 0 for x in v)):
             continue
         for f, (old, new) in list(out.items()):

@@ -325,9 +325,10 @@ __all__ = ["restrict_to_demand"]
 
 def _narrowable(k: Kernel) -> dict[str, int]:
     """Loop variables of ``k`` its guards bound from above, with the extent they allow: a
-    reduction variable (the points cut contribute the identity), or an output variable that
-    is one coordinate of the output index by itself (``t[i + c]``), so cutting it drops
-    whole rows of the write and nothing in between."""
+    reduction variable (the points cut contribute the identity; not for an arg-max or
+    arg-min, whose index counts every reduction point), or an output variable that is one
+    coordinate of the output index by itself (``t[i + c]``), so cutting it drops whole rows
+    of the write and nothing in between."""
     if k.loop is not None or k.lib or k.scatter:
         return {}
     alone = set()
@@ -339,28 +340,37 @@ def _narrowable(k: Kernel) -> dict[str, int]:
     out = {}
     for v, n in k.dims:
         m = max(1, min(n, rng[v][1] + 1))
+        if v not in k.out_vars and k.reduce in ("argmax", "argmin"):
+            continue
         if m < n and (v not in k.out_vars or (v in alone and uses.count(v) == 1)):
             out[v] = m
     return out
 
 
 def _box(k: Kernel, acc: Access, dims) -> list[tuple[int, int]] | None:
+    """Each coordinate's range of ``acc`` over ``k``'s loop nest (``dims``, and the
+    sequential loop's variable); None for a data-dependent index."""
     if not all(isinstance(e, Aff) for e in acc.index):
         return None
     rng = {v: (0, n - 1) for v, n in dims}
+    if k.loop is not None:
+        rng[k.loop[0]] = (0, k.loop[1] - 1)
     return [_bounds(e, rng) for e in acc.index]
 
 
-def shrink_to_demand(kernels: list[Kernel], tensors: list) -> tuple[list[Kernel], list]:
+def shrink_to_demand(kernels: list[Kernel], tensors: list,
+                     compared: dict[str, int] | None = None) -> tuple[list[Kernel], list]:
     """Kernels and tensor declarations that hold only what confined kernels touch.
 
     After :func:`restrict_to_demand` (or a slice's guard on an output's rows), a kernel's
     points outside its guards compute nothing anyone reads. Here a loop variable its guards
-    bound from above gets that bound as its extent (see :func:`_narrowable`), unless a
-    reader of what the kernel writes reaches the rows cut (a guard that means something,
-    ``x[i] if i < 3 else -inf``); then each intermediate tensor is declared as the box its
-    accesses touch (from 0; only its upper ends shrink). An executor then allocates and
-    visits the demanded region only: the same values there, a smaller program.
+    bound from above gets that bound as its extent (see :func:`_narrowable`), unless what
+    the kernel writes is needed in the rows cut: read there by a kernel (a guard that means
+    something, ``x[i] if i < 3 else -inf``), or a program output compared there (its first
+    ``compared[name]`` rows, every other coordinate whole; all of it when not named). Then
+    each intermediate tensor is declared as the box its accesses touch (from 0; only its
+    upper ends shrink). An executor then allocates and visits the demanded region only: the
+    same values there, a smaller program.
 
     Left whole: tensors a sequential loop, a library routine or a scatter touches, any read
     or written through a data-dependent index, reached below 0 or past the end (padding a
@@ -375,11 +385,13 @@ def shrink_to_demand(kernels: list[Kernel], tensors: list) -> tuple[list[Kernel]
     ...               reduce="sum", guard=(Atom(i, None, 2),))
     >>> decl = [TensorDecl("x", (8, 8), "f32", "input"), TensorDecl("t", (8, 8), "f32"),
     ...         TensorDecl("y", (8,), "f32", "output")]
-    >>> ks, ts = shrink_to_demand([sq, rows], decl)
+    >>> ks, ts = shrink_to_demand([sq, rows], decl, {"y": 2})
     >>> [k.dims for k in ks], [t.shape for t in ts]
     ([(('i', 2), ('j', 8)), (('i', 2), ('j', 8))], [(8, 8), (2, 8), (8,)])
     """
     from dataclasses import replace
+    compared = compared or {}
+    decl = {t.name: t for t in tensors}
     ks = list(kernels)
     cut = {pos: _narrowable(k) for pos, k in enumerate(ks)}
     cut = {pos: c for pos, c in cut.items() if c}
@@ -392,18 +404,28 @@ def shrink_to_demand(kernels: list[Kernel], tensors: list) -> tuple[list[Kernel]
     for pos, k in enumerate(ks):
         for a in kernel_reads(k):
             readers.setdefault(a.tensor, []).append((pos, a))
+
+    def needed(t: str):
+        """The boxes of ``t`` something needs: each reader's, and a program output's
+        compared region."""
+        for r, a in readers.get(t, ()):
+            yield _box(ks[r], a, dims(r))
+        d = decl.get(t)
+        if d is not None and d.role != "intermediate" and d.shape:
+            rows = compared.get(t, d.shape[0])
+            yield [(0, rows - 1)] + [(0, n - 1) for n in d.shape[1:]]
+
     changed = True
     while changed:               # a cut undone widens its reads: check the rest again
         changed = False
         for pos in list(cut):
             k = ks[pos]
-            whole = _box(k, Access(k.out, k.out_index), k.dims)
-            kept = _box(k, Access(k.out, k.out_index), dims(pos))
-            for r, a in readers.get(k.out, ()):
-                got = _box(ks[r], a, dims(r))
-                if got is None or any(
-                        g[1] > kp[1] and g[1] >= w[0] and g[0] <= w[1]
-                        for g, kp, w in zip(got, kept, whole)):
+            for o in k.outputs:
+                whole = _box(k, Access(o, k.out_index), k.dims)
+                kept = _box(k, Access(o, k.out_index), dims(pos))
+                if any(got is None or any(g[1] > kp[1] and g[0] <= w[1]
+                                          for g, kp, w in zip(got, kept, whole))
+                       for got in needed(o)):
                     del cut[pos]
                     changed = True
                     break

@@ -62,7 +62,8 @@ def grammar() -> str:
     roles = ", ".join(model.ROLES)
     reduces = ", ".join(r for r in model.REDUCE_OPS if r not in ("argmax", "argmin"))
     scans = ", ".join(model.SCAN_OPS)
-    routines = ", ".join(sorted(r for r in library.ROUTINES if r not in library.KINDS))
+    routines = ", ".join(sorted(r for r in library.ROUTINES
+                               if r not in library.KINDS and r != "opaque"))
     body_forms = irtext.__doc__.split("Body forms (one statement per kernel):", 1)[1].strip()
     return f"""\
 The solbound loop IR is a restricted subset of Python. It is parsed, never executed as

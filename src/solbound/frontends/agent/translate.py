@@ -301,12 +301,12 @@ def _points(p: Program) -> int:
     return max((math.prod(k.count_extents.values()) for k in p.kernels), default=0)
 
 
-def compacted(p: Program) -> Program:
+def compacted(p: Program, compared: dict[str, int] | None = None) -> Program:
     """``p`` with every loop its guards cut short and every intermediate declared as the
     region its kernels touch (``ir.demand.shrink_to_demand``): after :func:`sliced`, what
-    the executor allocates and visits is what the first rows need."""
+    the executor allocates and visits is what the outputs' ``compared`` first rows need."""
     from ...ir.demand import shrink_to_demand
-    ks, ts = shrink_to_demand(list(p.kernels), list(p.tensors))
+    ks, ts = shrink_to_demand(list(p.kernels), list(p.tensors), compared)
     return Program(tuple(ts), tuple(ks), p.notes)
 
 
@@ -318,11 +318,14 @@ def _sliced_within(p: Program, target: Target, max_bytes: int, max_seconds: floa
     outs = {o.name for o in target.outputs}
     d = 2
     while d <= 1 << 20:
-        q = sliced(p, outs, d)
-        if q is None:
+        try:
+            q = sliced(p, outs, d)
+            if q is None:
+                return p, 0
+            q = compacted(q, {o: _rows(p.tensor_map[o].shape[0], d) for o in outs})
+            mem, secs = estimate_cost(q, sum(count_program(build_graph(q)).flops.values()))
+        except Exception:  # noqa: BLE001 - a program slicing cannot read: not sliced
             return p, 0
-        q = compacted(q)
-        mem, secs = estimate_cost(q, sum(count_program(build_graph(q)).flops.values()))
         if mem <= max_bytes and secs <= max_seconds and _points(q) <= MAX_POINTS:
             return q, d
         if all(_rows(p.tensor_map[o].shape[0], d) == 1 for o in outs):

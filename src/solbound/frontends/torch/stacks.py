@@ -317,8 +317,6 @@ def _remap(lowered, program, info, s: Stack):
         j = i
         while j < len(outs) and copy_of[j] in (0, "W"):
             j += 1
-        while copy_of[j - 1] == "W":
-            j -= 1
         n = j - i
         if copy_of[j:j + n] != [1 if c == 0 else c for c in copy_of[i:j]]:
             raise RerollError("the layers' outputs are not one block per layer")
@@ -333,12 +331,17 @@ def _remap(lowered, program, info, s: Stack):
         layers' own, and for each untraced one a copy of the first's writers (which read
         only what every layer shares, or the claim would not hold)."""
         src = o0["ir"]
+        if o1["ir"] == src:                      # one tensor every layer returns
+            return [src] * trip
         writers = [k for k in program.kernels if src in k.outputs]
+        what = o0.get("path") or src
+        if not writers:
+            raise RerollError(f"output {what} of a layer is a value no kernel writes")
         for k in writers:
             if k.out2 is not None or k.loop is not None or \
-                    any(a.tensor in loop_t for a in kernel_reads(k)):
-                raise RerollError(f"output {o0.get('path') or src} of a layer is computed "
-                                  f"outside the loop from a layer's values")
+                    any(a.tensor in loop_t or a.tensor == src for a in kernel_reads(k)):
+                raise RerollError(f"output {what} of a layer is computed outside the loop "
+                                  f"from a layer's values")
         names = [src, o1["ir"]]
         for c in range(2, trip):
             name = fresh_name(f"{src}_layer{c}", taken)

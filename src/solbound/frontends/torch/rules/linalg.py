@@ -94,6 +94,7 @@ def scaled_mm(ctx: OpCtx) -> None:
     shapes divide) scale each block's partial sums: the tensor cores sum each K block
     (``partial[m, n, kb]``), then ``sum_kb partial * scale_a[m/bm, kb] * scale_b[kb, n/bn]``
     on the vector pipe, as block-scaled GEMMs promote each block's sums."""
+    from ..lower import LoweringError
     a, b, sa, sb = ctx.args[:4]
     bias = ctx.args[4] if len(ctx.args) > 4 else ctx.kwargs.get("bias")
     result = ctx.args[5] if len(ctx.args) > 5 else ctx.kwargs.get("scale_result")
@@ -104,6 +105,10 @@ def scaled_mm(ctx: OpCtx) -> None:
     if ba is not None or bb is not None:
         _block_scaled(ctx, a, b, sa, sb, ba, bb, out, bias, result)
         return
+    for name, s_, ok in (("scale_a", sa, ((), (1,), (m, 1))), ("scale_b", sb, ((), (1,), (1, n)))):
+        if isinstance(s_, View) and tuple(s_.shape) not in ok:
+            raise LoweringError(f"_scaled_mm {name} of shape {tuple(s_.shape)}: not a "
+                                f"tensor-wise, row-wise or block-wise scale")
     acc = ctx.new_tensor(out.shape, "f32", ctx.node.name + "_acc")
     _matmul(ctx, a, b, acc, 0)
     kb = ctx.builder(out.shape)
