@@ -195,3 +195,42 @@ def test_a_slice_held_as_its_region_computes_the_same_rows():
     assert qm.kernels[0].dims == (("i", 8), ("j", 8))
     np.testing.assert_array_equal(_run_rows(qm, {"x": xm}, 4)["y"],
                                   _run_rows(m, {"x": xm}, 4)["y"])
+
+
+def test_shrinking_keeps_an_outputs_own_guard_and_an_arg_max_whole():
+    """Found by review: an output's meaningful guard (-inf past column 5) must not be cut
+    (only its compared rows are), a second output's readers count, and an arg-max's
+    reductions stay whole (its index counts every reduction point)."""
+    import numpy as np
+    from solbound.frontends.agent.translate import compacted, sliced
+    from solbound.ir.text import parse_program
+    out_guard = parse_program("""# solbound IR v1
+x = input(f32[8, 8])
+y = output(f32[8, 8])
+
+@kernel(i=8, j=8)
+def g():
+    y[i, j] = x[i, j] if (j < 5) else -inf
+""")
+    q = compacted(sliced(out_guard, {"y"}, 2), {"y": 4})
+    assert dict(q.kernels[0].dims)["j"] == 8            # the -inf columns are compared
+    x = np.random.default_rng(1).standard_normal((8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(_run_rows(q, {"x": x}, 4)["y"],
+                                  _run_rows(out_guard, {"x": x}, 4)["y"])
+    am = parse_program("""# solbound IR v1
+x = input(f32[4, 8, 8])
+t = intermediate(i64[4])
+v = intermediate(f32[4])
+y = output(f32[4])
+
+@kernel(i=4, a=8, b=8)
+def am():
+    t[i], v[i] = argmax(x[i, a, b], where=(b < 3))
+
+@kernel(i=4)
+def use():
+    y[i] = v[i] + t[i]
+""")
+    ks, _ = __import__("solbound.ir.demand", fromlist=["x"]).shrink_to_demand(
+        list(am.kernels), list(am.tensors), {"y": 4})
+    assert ks[0].dims == (("i", 4), ("a", 8), ("b", 8))
