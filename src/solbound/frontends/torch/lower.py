@@ -795,12 +795,10 @@ class Lowering:
         self.env[node] = outs if multi else outs[0]
         return True
 
-    def _opaque(self, node: torch.fx.Node, opname: str, out: View, operands: list[View],
-                first: bool) -> None:
-        """A library kernel ``opaque`` for an operator with no rule: it reads every operand
-        and writes ``out`` whole, with no arithmetic (``ir.library``), so what the operator
-        moves stays in the bound; the executor refuses it (validation is skipped where
-        anything is unsupported)."""
+    def add_library(self, node: torch.fx.Node, out: View, routine: str,
+                    operands: list[View], params: dict) -> None:
+        """``out = routine(*operands)``: one library kernel (``ir/library.py``) whose dims
+        index the output (``d*``) and each operand (``a{j}_*``), every operand read whole."""
         dims = [(f"d{i}", n) for i, n in enumerate(out.shape)]
         for j, v in enumerate(operands):
             dims += [(f"a{j}_{i}", n) for i, n in enumerate(v.shape)]
@@ -811,7 +809,7 @@ class Lowering:
                 else Call("operands", tuple(accs)))
         k = kb.finish(self.kernel_name(node.name), out.base,
                       [Aff.var(f"d{i}") for i in range(out.ndim)], body)
-        self.add_kernel(k.with_(lib=("opaque", (("op", opname), ("cost", first)))), node)
+        self.add_kernel(k.with_(lib=(routine, tuple(params.items()))), node)
 
     def _unsupported(self, node: torch.fx.Node, reason: str) -> None:
         opname = re.sub(r"\.default$", "", str(node.target))
@@ -841,7 +839,12 @@ class Lowering:
                         f"how much it keeps with --select-fraction F)") from None
                 out = self.new_base(f"{node.name}_unsupported" + (f"_{i}" if len(vals) > 1 else ""),
                                     shape, TORCH_DTYPES[v.dtype], "output")
-                self._opaque(node, opname, out, operands, first=not outs)
+                # an opaque kernel (ir/library.py): it reads every operand and writes the
+                # result whole with no arithmetic, so what the operator moves stays in the
+                # bound; the executor refuses it (validation is skipped when anything is
+                # unsupported)
+                self.add_library(node, out, "opaque", operands,
+                                 {"op": opname, "cost": not outs})
                 self.notes.append(f"{out.base} is produced by unsupported {opname} "
                                   f"({src or 'unknown source'}): its operands are read and its "
                                   f"result written at their sizes, its work is not counted")

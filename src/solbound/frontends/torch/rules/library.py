@@ -15,7 +15,7 @@ import operator
 
 from ....ir.affine import Aff
 from ....ir.model import Call
-from ..lower import KernelBuilder, LoweringError, OpCtx, View, rule
+from ..lower import LoweringError, OpCtx, View, rule
 from ._util import dims_vars, elementwise, reduce_kernel
 
 
@@ -42,20 +42,10 @@ def _full(ctx: OpCtx, v: View) -> View:
 
 def emit_library(ctx: OpCtx, out: View, routine: str, operands: list[View], params: dict,
                  cost: bool = True) -> None:
-    """``out = routine(*operands)``: one library kernel; dims index the output (``d*``)
-    and each operand (``a{j}_*``), every operand read whole."""
-    operands = [_full(ctx, v) for v in operands]
-    dims = [(f"d{i}", n) for i, n in enumerate(out.shape)]
-    for j, v in enumerate(operands):
-        dims += [(f"a{j}_{i}", n) for i, n in enumerate(v.shape)]
-    kb = KernelBuilder(ctx.low, dims)
-    accs = [kb.load(v, [Aff.var(f"a{j}_{i}") for i in range(v.ndim)])
-            for j, v in enumerate(operands)]
-    body = accs[0] if len(accs) == 1 else Call("operands", tuple(accs))
-    params = {**params, "cost": cost}
-    name = ctx.low.kernel_name(ctx.node.name)
-    k = kb.finish(name, out.base, [Aff.var(f"d{i}") for i in range(out.ndim)], body)
-    ctx.low.add_kernel(k.with_(lib=(routine, tuple(params.items()))), ctx.node)
+    """``out = routine(*operands)``: one library kernel (``Lowering.add_library``), each
+    strided operand made whole first."""
+    ctx.low.add_library(ctx.node, out, routine, [_full(ctx, v) for v in operands],
+                        {**params, "cost": cost})
 
 
 def _multi(ctx: OpCtx, routine: str, operands: list[View], params: dict,
