@@ -32,23 +32,23 @@ from ._util import C, add, f, mul, sub
 from .linalg import _matmul
 
 
-def _source(n_out: int, k_in: int, r: int, byte: int, h: int) -> tuple[int, int]:
-    """The (output, input) whose 4 bits are nibble ``h`` of byte ``byte`` of packed row
-    ``r`` (the layout of the module docstring)."""
-    flat = r * (k_in // 2) + byte
-    full = n_out // 64 * 64
-    if flat < full * k_in // 2:
-        b, o = divmod(flat, 32 * k_in)
-        return 64 * b + 32 * h + o % 32, o // 32
-    rest = n_out - full
-    o = flat - full * k_in // 2
-    return full + 2 * (o % (rest // 2)) + h, o // (rest // 2)
+def positions(n_out: int, k_in: int):
+    """``[n_out, k_in / 2, 2]``: the weight (``output * k_in + input``) in each nibble of
+    the packed tensor, evaluated from the very indices the kernels use (:func:`_blocks`)."""
+    import numpy as np
+    want = np.full(n_out * k_in, -1, dtype=np.int64)
+    for loops, n, byte, h in _blocks(n_out, k_in):
+        names = [v for v, _ in loops] + ["k"]
+        grids = np.meshgrid(*[np.arange(e) for _, e in loops], np.arange(k_in), indexing="ij")
+        env = dict(zip(names, grids))
+        want[byte.evaluate(env) * 2 + h.evaluate(env)] = n.evaluate(env) * k_in + env["k"]
+    return want.reshape(n_out, k_in // 2, 2)
 
 
 @functools.lru_cache(maxsize=None)
 def layout_holds(n_out: int, k_in: int = 64) -> bool:
     """This machine's ``_convert_weight_to_int4pack_for_cpu`` puts every 4-bit weight of an
-    ``n_out x k_in`` matrix where :func:`_source` says: each weight's position is packed,
+    ``n_out x k_in`` matrix where :func:`positions` says: each weight's position is packed,
     four bits at a time, and read back from the nibbles."""
     import torch
     idx = torch.arange(n_out * k_in, dtype=torch.int64).reshape(n_out, k_in)
@@ -58,10 +58,7 @@ def layout_holds(n_out: int, k_in: int = 64) -> bool:
         packed = torch._convert_weight_to_int4pack_for_cpu(digit, 1).to(torch.int64)
         got[..., 0] |= (packed & 0xF) << (4 * p)
         got[..., 1] |= (packed >> 4) << (4 * p)
-    want = torch.tensor([[[(lambda s: s[0] * k_in + s[1])(_source(n_out, k_in, r, b, h))
-                           for h in range(2)] for b in range(k_in // 2)]
-                         for r in range(n_out)], dtype=torch.int64)
-    return bool(torch.equal(got, want))
+    return bool(torch.equal(got, torch.from_numpy(positions(n_out, k_in))))
 
 
 def _check(n_out: int, k_in: int, what: str) -> None:
