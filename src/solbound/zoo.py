@@ -20,6 +20,7 @@ defaults: no wrapper, no ``use_cache=False``.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -198,11 +199,11 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
             if _HIDDEN.fullmatch(f) and sum(v) == old and all(x * new % old == 0 for x in v):
                 put(k, type(v)(x * new // old for x in v))
                 break
-            if _POSITIONS.fullmatch(f) and _prod(v) == old and new < old:
+            if _POSITIONS.fullmatch(f) and math.prod(v) == old and new < old:
                 parts = list(v)
-                while _prod(parts) > new and max(parts) % 2 == 0:
+                while math.prod(parts) > new and max(parts) % 2 == 0:
                     parts[parts.index(max(parts))] //= 2
-                if _prod(parts) == new:
+                if math.prod(parts) == new:
                     put(k, type(v)(parts))
                 break
     # a layer pattern given by period and offset (Jamba's attention every 8th layer from
@@ -213,13 +214,6 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
             off = k.replace("_period", "_offset")
             if type(values.get(off)) is int:
                 put(off, values[off] % LAYERS)
-    return out
-
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
     return out
 
 

@@ -300,9 +300,8 @@ def _remap(lowered, program, info, s: Stack):
     # place in both traced blocks (a sliding-window cache's length, computed outside the
     # layers' chain from values every layer shares): it repeats with the block ("W"), the
     # first layer's value standing for every layer's, as the untraced layers' claim says
-    copy_of = [member_of.get(o.get("ir"), (None, -1))[1] for o in outs]
-    copy_of = ["W" if c == -1 and o.get("ir") in tensors else c
-               for c, o in zip(copy_of, outs)]
+    copy_of = [member_of[o["ir"]][1] if o.get("ir") in member_of
+               else "W" if o.get("ir") in tensors else -1 for o in outs]
     if sum(c == 0 for c in copy_of) != sum(c == 1 for c in copy_of) or \
             any(isinstance(c, int) and c > 1 for c in copy_of):
         raise RerollError("the layers' outputs are not one block per traced layer")
