@@ -483,6 +483,7 @@ def _register_output_type(exc: BaseException) -> bool:
 def _export(model, args, source, keep_experts, routing, home, state, select_fraction=None,
             decompose=None):
     import torch
+    from .loops import NOTES as LOOP_NOTES, SOURCES as LOOP_SOURCES, loops_as_scans
     from .routing import DEFAULT_ROUTING, RoutingMode, counts_note, routing_note, sizes_note
     lifted = False
     mode = None
@@ -500,8 +501,10 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                     (torch.device(home) if home is not None else contextlib.nullcontext()), \
                     _traceable_experts(model, not keep_experts) as experts, \
                     (mode if mode is not None else contextlib.nullcontext()), \
-                    (_literal_values() if not strict else contextlib.nullcontext()):
+                    (_literal_values() if not strict else contextlib.nullcontext()), \
+                    (loops_as_scans(model) if not strict else contextlib.nullcontext()):
                 warnings.simplefilter("ignore")
+                del LOOP_NOTES[:], LOOP_SOURCES[:]
                 ep = torch.export.export(model, args, strict=strict)
             if mode is None and _has_value_sizes(ep):
                 # sizes that follow tensor values (x[mask]): trace under the assumption
@@ -525,7 +528,8 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                     ep = done
             for mod in model.modules():     # traced values must not stay in held objects
                 _rebind(mod)
-            ep.solbound_notes = list(experts.notes)
+            ep.solbound_notes = list(experts.notes) + _loop_notes()
+            ep.solbound_loop_sources = list(LOOP_SOURCES)
             ep.solbound_routing = None
             ep.solbound_sizes_assumed = False
             if mode is not None and (mode.forced or mode.answered or mode.precomputed):
@@ -587,6 +591,16 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                                 f"{_oneline(culprit)}"
                                 + (f" (strict export failed too: {_oneline(e)})"
                                    if first_failure is not None else "")) from None
+
+
+def _loop_notes() -> list[str]:
+    """What happened to the Python loops over steps while tracing (``loops.py``), one line
+    per loop (a loop called once per layer is named once, with its count)."""
+    from .loops import NOTES as LOOP_NOTES
+    seen: dict[str, int] = {}
+    for n in LOOP_NOTES:
+        seen[n] = seen.get(n, 0) + 1
+    return [n + (f" (each of {c} calls)" if c > 1 else "") for n, c in seen.items()]
 
 
 LITERAL_ATTR = "_solbound_literal"

@@ -93,6 +93,17 @@ def analyze_module(module, inputs: Sequence, arch=None, precision_policy: str | 
 
 def _export_and_lower(module, inputs, src, user_files, reroll, timings, optimizer,
                       problem_module, keep_experts_dispatch, routing, select_fraction, train):
+    from .loops import capturing
+    # Python loops over steps become one scan (loops.py) with ``reroll``; not yet in a
+    # training step, whose joint graph would need the scan's backward
+    with capturing(reroll and not train):
+        return _export_and_lower_as(module, inputs, src, user_files, reroll, timings, optimizer,
+                                    problem_module, keep_experts_dispatch, routing,
+                                    select_fraction, train)
+
+
+def _export_and_lower_as(module, inputs, src, user_files, reroll, timings, optimizer,
+                         problem_module, keep_experts_dispatch, routing, select_fraction, train):
     if train:
         from .stacks import export_and_lower_step
         return export_and_lower_step(

@@ -373,6 +373,9 @@ def find_rule(target) -> Rule | None:
 # the lowering pass
 
 
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
 def _src_of(node: torch.fx.Node, user_files: tuple[str, ...]) -> str:
     st = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+)', st)
@@ -383,7 +386,10 @@ def _src_of(node: torch.fx.Node, user_files: tuple[str, ...]) -> str:
         if user_files and os.path.abspath(fname) in user_files:
             return f"{os.path.basename(fname)}:{line}"
     for fname, line in reversed(frames):
-        if not os.path.abspath(fname).startswith(torch_dir):
+        # not torch's, not a generated graph's (a scan body traced by TorchDynamo: its
+        # operators are named by the line of the loop), not ours (loops.py runs the scan)
+        if not os.path.abspath(fname).startswith((torch_dir, _OWN_DIR)) \
+                and not fname.startswith("<"):
             return f"{os.path.basename(fname)}:{line}"
     fname, line = frames[-1]
     return f"{os.path.basename(fname)}:{line}"
@@ -407,6 +413,11 @@ class Lowering:
         self._names: set[str] = set(RESERVED) | {"t", "b", "g", "k", "j", "c", "cc", "kk", "ts"}
         self._name_log: list[str] = []     # names in order of creation, for rollback
         self._loops = 0                    # sequential loops made so far (their ids)
+        # while a scan's body is lowered (rules/control.py): its loop, which every kernel
+        # made then runs in, and a prefix that keeps the body's operator groups apart
+        self.scan_loop: tuple[str, int, int] | None = None
+        self.group_prefix = ""
+        self.scan_src = ""                 # the source line of the loop a scan came from
         self._agent_feedback: dict[str, str] = {}   # node -> the agent's last refusal
         self._cur_group = ("", "", "")
         self.node_src: dict[str, str] = {}
@@ -453,6 +464,10 @@ class Lowering:
 
     def add_kernel(self, k: Kernel, node: torch.fx.Node) -> None:
         op, opname, src = self._cur_group
+        if self.scan_loop is not None:
+            if k.loop is not None and k.loop != self.scan_loop:
+                raise LoweringError("a loop inside a scan body (nested loops are not lowered)")
+            k = k.with_(loop=self.scan_loop)
         if k.unit == "matmul" and opname.split(".")[:2] and ".".join(opname.split(".")[:2]) \
                 in ATTENTION_OPS:
             k = k.with_(unit="attention")     # a product inside an attention operator
@@ -511,6 +526,8 @@ class Lowering:
                     self.env[node] = None     # feeds a run-time assertion only
                     continue
                 self.lower_node(node)
+            elif node.op == "get_attr":
+                self.env[node] = None     # a scan's body: its rule reads the graph module
             elif node.op == "output":
                 outputs = self.finish_outputs(node, sig)
         # only now mark outputs (kernels were checked against intermediates)
@@ -701,6 +718,10 @@ class Lowering:
         return seeds, notes
 
     def _group_of(self, node: torch.fx.Node) -> tuple[str, str, str]:
+        gid, gname, src = self._group_of_node(node)
+        return self.group_prefix + gid, gname, self.scan_src or src
+
+    def _group_of_node(self, node: torch.fx.Node) -> tuple[str, str, str]:
         own = node.meta.get(GROUP_KEY)
         if own is not None:
             return (own[0], re.sub(r"\.default$", "", own[1]),
@@ -892,7 +913,9 @@ class Lowering:
         if not writers:
             return v
         w = writers[-1]
-        self._cur_group = (w.op, w.opname, w.src)
+        # in the producing operator's group; one of its own when that operator runs in a
+        # sequential loop (the copy runs once, after it)
+        self._cur_group = (w.op if w.loop is None else f"{w.op}.out", w.opname, w.src)
         out = self.new_base(f"{node.name}_out", v.shape, v.dtype)
         dims = [(f"d{i}", n) for i, n in enumerate(v.shape)]
         kb = KernelBuilder(self, dims)
@@ -900,8 +923,8 @@ class Lowering:
         body = kb.load(v, idx)
         target = kb.load(out, idx)
         self.kernels.append(kb.finish(self.kernel_name(node.name + "_out"), target.tensor,
-                                      list(target.index), body).with_(op=w.op, opname=w.opname,
-                                                                      src=w.src))
+                                      list(target.index), body).with_(op=self._cur_group[0],
+                                                                      opname=w.opname, src=w.src))
         return out
 
 

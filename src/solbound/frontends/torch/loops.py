@@ -1,0 +1,544 @@
+"""Python loops over steps, captured as one ``scan`` instead of unrolled.
+
+Tracing runs a Python ``for`` loop: a loop over 2048 time steps (transformers' Mamba
+slow path, any hand-written recurrence) becomes 2048 copies of its body in the graph,
+each exported, decomposed, lowered and counted again. While a program is exported,
+the functions its modules call are rewritten so that such a loop becomes
+``torch._higher_order_ops.scan``: one body, traced once, that the lowering turns into a
+sequential loop of the IR (``rules/control.py``). Counts are the body's times the trip
+count, as for the unrolled loop.
+
+A loop qualifies when it reads, statically (the AST of the function's source):
+
+* ``for i in range(n):`` with a body of plain assignments to names and
+  ``acc.append(expr)``, and no ``break``, ``continue``, ``return``, ``yield``, ``del``,
+  ``global``/``nonlocal``, assignment to attributes or subscripts, augmented assignment
+  or other expression statements (a call made for its effect);
+* the loop variable used only as one index of a loop-invariant tensor,
+  ``x[:, :, i]`` or ``x[:, i, :]`` (every other entry a whole ``:``), which becomes the
+  scanned input ``x.movedim(k, 0)``;
+* names the body reads before it assigns them are the carries; names it assigns
+  otherwise are private to one iteration and must not be read after the loop (nor may
+  the loop variable);
+* every accumulator starts empty and is used after the loop however the program likes
+  (``torch.stack(acc, dim)`` and ``torch.cat(acc, dim)`` become a view or a reshape of
+  the stacked rows; anything else sees a sequence of the rows).
+
+and, when it runs (:func:`scan_loop`): the carries and the indexed tensors are tensors,
+each indexed tensor is ``n`` long on its indexed dimension, the accumulators are empty
+lists, and the scan traces (a carry that changes dtype or shape, a data-dependent branch
+in the body). Otherwise the original loop runs, unrolled, and :data:`NOTES` says why.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import contextvars
+import copy
+import inspect
+import os
+import textwrap
+import types
+from dataclasses import dataclass
+
+import torch
+
+# one line per loop that was left unrolled at run time (why), or rewritten
+NOTES: list[str] = []
+# the source line (``file:line``) of each loop that became a scan, in tracing order
+SOURCES: list[str] = []
+
+_PREFIX = "__sb_"
+
+
+class _Refuse(Exception):
+    """This loop does not have the shape a scan needs (the message says why)."""
+
+
+# ============================================================================
+# static analysis of one loop
+
+
+def _names(node, ctx) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)}
+
+
+def _is_colon(e) -> bool:
+    return isinstance(e, ast.Slice) and e.lower is None and e.upper is None and e.step is None
+
+
+def _invariant_expr(e, assigned: set[str]) -> bool:
+    """A name or an attribute chain on a name the loop body does not assign."""
+    while isinstance(e, ast.Attribute):
+        e = e.value
+    return isinstance(e, ast.Name) and e.id not in assigned
+
+
+@dataclass
+class _Loop:
+    carries: list[str]
+    accs: list[str]
+    xs: list[tuple[str, int]]          # (source of the indexed expression, dimension)
+    body: list[ast.stmt]               # with subscripts and appends replaced
+
+
+def _analyze(loop: ast.For, after: list[ast.stmt]) -> _Loop:
+    if not isinstance(loop.target, ast.Name):
+        raise _Refuse("the loop variable is not a name")
+    var = loop.target.id
+    it = loop.iter
+    if not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
+            and len(it.args) == 1 and not it.keywords):
+        raise _Refuse("not a loop over range(n)")
+    if loop.orelse:
+        raise _Refuse("the loop has an else clause")
+    assigned: set[str] = set()
+    accs: list[str] = []
+    for st in loop.body:
+        for n in ast.walk(st):
+            if isinstance(n, (ast.Break, ast.Continue, ast.Return, ast.Yield, ast.YieldFrom,
+                              ast.Await, ast.Delete, ast.Global, ast.Nonlocal, ast.AugAssign,
+                              ast.AnnAssign, ast.With, ast.Try, ast.Raise, ast.Assert,
+                              ast.FunctionDef, ast.Lambda, ast.ClassDef, ast.Import,
+                              ast.ImportFrom, ast.NamedExpr)):
+                raise _Refuse(f"the body has a {type(n).__name__.lower()} statement")
+        if isinstance(st, ast.Assign):
+            for t in st.targets:
+                for n in ast.walk(t):
+                    if isinstance(n, (ast.Attribute, ast.Subscript, ast.Starred)):
+                        raise _Refuse("the body assigns to an attribute or subscript")
+                assigned |= _names(t, ast.Store)
+        elif isinstance(st, ast.Expr):
+            c = st.value
+            if (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                    and c.func.attr == "append" and isinstance(c.func.value, ast.Name)
+                    and len(c.args) == 1 and not c.keywords):
+                accs.append(c.func.value.id)
+            elif not isinstance(c, ast.Constant):
+                raise _Refuse("the body calls a function for its effect")
+        elif isinstance(st, (ast.If, ast.For)):
+            # Python-level control flow, evaluated when the body is traced; a name it
+            # assigns is not surely assigned in every iteration
+            for n in ast.walk(st):
+                if isinstance(n, ast.Expr) and not isinstance(n.value, ast.Constant):
+                    raise _Refuse("the body calls a function for its effect")
+                if isinstance(n, (ast.Name, ast.Attribute, ast.Subscript)) \
+                        and isinstance(n.ctx, ast.Store):
+                    raise _Refuse(f"the body assigns inside a nested {type(st).__name__.lower()}")
+        elif not isinstance(st, ast.Pass):
+            raise _Refuse(f"the body has a {type(st).__name__.lower()} statement")
+    if var in assigned:
+        raise _Refuse("the body assigns the loop variable")
+    if len(set(accs)) != len(accs) or set(accs) & assigned:
+        raise _Refuse("an accumulator is appended twice or reassigned in the body")
+    for a in accs:
+        uses = sum(1 for st in loop.body for n in ast.walk(st)
+                   if isinstance(n, ast.Name) and n.id == a)
+        if uses != 1:
+            raise _Refuse(f"the body uses the list {a} other than appending to it")
+    # carries: read (at the top level, in order) before the body assigns them
+    carries: list[str] = []
+    done: set[str] = set()
+    for st in loop.body:
+        for n in _names(st, ast.Load):
+            if n in assigned and n not in done and n not in carries:
+                carries.append(n)
+        if isinstance(st, ast.Assign):
+            done |= {n for t in st.targets for n in _names(t, ast.Store)}
+    # names private to one iteration (and the loop variable) are dead after the loop
+    for name in (assigned - set(carries)) | {var}:
+        if _live_after(name, after):
+            raise _Refuse(f"{name} is assigned in the body and read after the loop")
+    # the loop variable only as one index of a loop-invariant tensor
+    xs: list[tuple[str, int]] = []
+    body = [_Indexer(var, assigned, xs).visit(copy.deepcopy(st)) for st in loop.body]
+    if any(n.id == var for st in body for n in ast.walk(st) if isinstance(n, ast.Name)):
+        raise _Refuse(f"the loop variable {var} is used other than as one index of a tensor")
+    ys = iter(range(len(accs)))
+    body = [_Appends(accs, ys).visit(st) for st in body]
+    return _Loop(carries, accs, xs, body)
+
+
+def _live_after(name: str, after: list[ast.stmt]) -> bool:
+    """Is ``name`` read in ``after`` before it is assigned again (conservatively)?"""
+    for st in after:
+        loads = name in _names(st, ast.Load)
+        if isinstance(st, ast.Assign) and not loads:
+            if name in {n for t in st.targets for n in _names(t, ast.Store)}:
+                return False
+            continue
+        if loads or isinstance(st, (ast.AugAssign,)) and name in _names(st, ast.Store):
+            return True
+        if isinstance(st, (ast.Return, ast.Raise)):
+            return False
+    return False
+
+
+class _Indexer(ast.NodeTransformer):
+    """``x[:, :, i]`` -> the scanned row ``__sb_x{j}`` (``x.movedim(2, 0)`` scanned)."""
+
+    def __init__(self, var: str, assigned: set[str], xs: list):
+        self.var, self.assigned, self.xs = var, assigned, xs
+
+    def visit_Subscript(self, node):
+        node = self.generic_visit(node)
+        if not isinstance(node.ctx, ast.Load) or not _invariant_expr(node.value, self.assigned):
+            return node
+        items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        at = [k for k, e in enumerate(items) if isinstance(e, ast.Name) and e.id == self.var]
+        if len(at) != 1 or not all(_is_colon(e) for k, e in enumerate(items) if k != at[0]):
+            return node
+        key = (ast.unparse(node.value), at[0])
+        if key not in self.xs:
+            self.xs.append(key)
+        return ast.copy_location(ast.Name(f"{_PREFIX}x{self.xs.index(key)}", ast.Load()), node)
+
+
+class _Appends(ast.NodeTransformer):
+    """``acc.append(e)`` -> ``__sb_y{j} = e``."""
+
+    def __init__(self, accs: list[str], ys):
+        self.accs, self.ys = accs, ys
+
+    def visit_Expr(self, node):
+        c = node.value
+        if (isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                and c.func.attr == "append" and isinstance(c.func.value, ast.Name)
+                and c.func.value.id in self.accs):
+            j = self.accs.index(c.func.value.id)
+            return ast.copy_location(
+                ast.Assign([ast.Name(f"{_PREFIX}y{j}", ast.Store())], c.args[0]), node)
+        return node
+
+
+# ============================================================================
+# rewriting a function
+
+
+def _tuple(names: list[str], ctx) -> ast.expr:
+    return ast.Tuple([ast.Name(n, ctx()) for n in names], ctx())
+
+
+class _Rewriter(ast.NodeTransformer):
+    def __init__(self, file: str, qualname: str, first: int):
+        self.file, self.qualname, self.first = file, qualname, first
+        self.count = 0
+        self.refused: list[str] = []
+
+    def _block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for i, st in enumerate(stmts):
+            if isinstance(st, ast.For):
+                try:
+                    # statements after the loop, in this block (conservative: a name read
+                    # later in an enclosing block is seen by the continuation check below)
+                    lp = _analyze(st, stmts[i + 1:] + self._continuation)
+                except _Refuse as e:
+                    self.refused.append(f"line {st.lineno + self.first - 1}: {e}")
+                else:
+                    out.extend(self._scan(st, lp))
+                    continue
+            out.append(self._visit_children(st, stmts[i + 1:]))
+        return out
+
+    _continuation: list[ast.stmt] = []
+
+    def _visit_children(self, st, after):
+        saved = self._continuation
+        self._continuation = list(after) + saved
+        try:
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(st, field, None)
+                if isinstance(block, list) and block and isinstance(block[0], ast.stmt) \
+                        and not isinstance(st, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                ast.ClassDef)):
+                    setattr(st, field, self._block(block))
+            if isinstance(st, ast.Try):
+                for h in st.handlers:
+                    h.body = self._block(h.body)
+        finally:
+            self._continuation = saved
+        return st
+
+    def _scan(self, loop: ast.For, lp: _Loop) -> list[ast.stmt]:
+        k = self.count
+        self.count += 1
+        body_name, res = f"{_PREFIX}body{k}", f"{_PREFIX}r{k}"
+        carries_in = f"{_PREFIX}c"
+        rows = f"{_PREFIX}xs"
+        ys = [f"{_PREFIX}y{j}" for j in range(len(lp.accs))]
+        head = []
+        if lp.carries:
+            head.append(ast.Assign([_tuple(lp.carries, ast.Store)], ast.Name(carries_in, ast.Load())))
+        if lp.xs:
+            head.append(ast.Assign([_tuple([f"{_PREFIX}x{j}" for j in range(len(lp.xs))],
+                                           ast.Store)], ast.Name(rows, ast.Load())))
+        ret = ast.Return(ast.Tuple([_tuple(lp.carries, ast.Load), _tuple(ys, ast.Load)],
+                                   ast.Load()))
+        fn = ast.FunctionDef(
+            name=body_name,
+            args=ast.arguments(posonlyargs=[], args=[ast.arg(carries_in), ast.arg(rows)],
+                               kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=head + lp.body + [ret], decorator_list=[], returns=None, type_params=[])
+        call = ast.parse(
+            f"{res} = __import__('solbound.frontends.torch.loops', fromlist=['scan_loop'])"
+            f".scan_loop({body_name}, {ast.unparse(loop.iter)}, "
+            f"({', '.join(lp.carries)}{',' if len(lp.carries) == 1 else ''}), "
+            f"({''.join(f'({src}, {d}), ' for src, d in lp.xs)}), "
+            f"({''.join(f'{a}, ' for a in lp.accs)}), "
+            f"{f'{self.file}:{loop.lineno + self.first - 1} ({self.qualname})'!r})").body[0]
+        unpack = ast.Assign([ast.Tuple([_tuple(lp.carries, ast.Store), _tuple(lp.accs, ast.Store)],
+                                       ast.Store())], ast.Name(res, ast.Load()))
+        guard = ast.If(ast.Compare(ast.Name(res, ast.Load()), [ast.Is()], [ast.Constant(None)]),
+                       [loop], [unpack])
+        out = [fn, call, guard]
+        for st in out:
+            ast.copy_location(st, loop)
+            for n in ast.walk(st):
+                if not hasattr(n, "lineno") and "lineno" in n._attributes:
+                    ast.copy_location(n, loop)
+        return out
+
+
+class _Stacks(ast.NodeTransformer):
+    """``torch.stack(acc, d)`` / ``torch.cat(acc, d)`` of an accumulator -> the helpers."""
+
+    def __init__(self, accs: set[str]):
+        self.accs = accs
+
+    def visit_Call(self, node):
+        node = self.generic_visit(node)
+        f = node.func
+        if (isinstance(f, ast.Attribute) and f.attr in ("stack", "cat")
+                and isinstance(f.value, ast.Name) and f.value.id == "torch" and node.args
+                and isinstance(node.args[0], ast.Name) and node.args[0].id in self.accs):
+            helper = ast.parse(f"__import__('solbound.frontends.torch.loops', "
+                               f"fromlist=['{f.attr}']).{f.attr}").body[0].value
+            return ast.copy_location(ast.Call(helper, node.args, node.keywords), node)
+        return node
+
+
+_CACHE: dict[types.CodeType, types.CodeType | None] = {}
+
+
+def rewritten(fn: types.FunctionType) -> types.CodeType | None:
+    """The code of ``fn`` with its qualifying loops as scans; None when it has none (or its
+    source cannot be read or recompiled to the same closure)."""
+    code = fn.__code__
+    if code in _CACHE:
+        return _CACHE[code]
+    _CACHE[code] = None
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    fdef = tree.body[0] if tree.body else None
+    if not isinstance(fdef, ast.FunctionDef) or fdef.name != code.co_name:
+        return None
+    rw = _Rewriter(os.path.basename(code.co_filename), fn.__qualname__, first)
+    fdef.body = rw._block(fdef.body)
+    if not rw.count:
+        return None
+    accs = {n for st in ast.walk(fdef) if isinstance(st, ast.Call)
+            for n in _scan_accs(st)}
+    _Stacks(accs).visit(fdef)
+    fdef.decorator_list = []
+    free = code.co_freevars
+    # an enclosing function that binds the original's free variables, so the recompiled
+    # code closes over the same cells in the same order
+    outer = ast.FunctionDef(
+        name=f"{_PREFIX}outer",
+        args=ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in free], kwonlyargs=[],
+                           kw_defaults=[], defaults=[]),
+        body=[fdef, ast.Return(ast.Name(fdef.name, ast.Load()))], decorator_list=[],
+        returns=None, type_params=[]) if free else None
+    module = ast.Module([outer if outer else fdef], type_ignores=[])
+    ast.fix_missing_locations(module)
+    ast.increment_lineno(module, first - 1)
+    try:
+        compiled = compile(module, code.co_filename, "exec")
+    except (SyntaxError, ValueError):
+        return None
+    consts = [c for c in compiled.co_consts if isinstance(c, types.CodeType)]
+    if free:
+        consts = [c for o in consts for c in o.co_consts if isinstance(c, types.CodeType)]
+    new = next((c for c in consts if c.co_name == code.co_name), None)
+    if new is None or new.co_freevars != free:
+        return None
+    _CACHE[code] = new
+    return new
+
+
+def _scan_accs(call: ast.Call) -> list[str]:
+    """The accumulator names of a generated ``scan_loop`` call."""
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "scan_loop"):
+        return []
+    accs = call.args[4]
+    return [e.id for e in accs.elts if isinstance(e, ast.Name)] if isinstance(accs, ast.Tuple) else []
+
+
+# ============================================================================
+# run time
+
+
+class Stacked:
+    """The rows a scan stacked (``ys[t]`` is what iteration ``t`` appended), seen as the
+    list the loop would have built."""
+
+    def __init__(self, ys: torch.Tensor):
+        self.ys = ys
+
+    def __len__(self) -> int:
+        return self.ys.shape[0]
+
+    def __getitem__(self, i):
+        return list(self.ys.unbind(0))[i] if isinstance(i, slice) else self.ys[i]
+
+    def __iter__(self):
+        return iter(self.ys.unbind(0))
+
+
+def stack(tensors, dim: int = 0, *, out=None):
+    if isinstance(tensors, Stacked) and out is None:
+        nd = tensors.ys.dim()
+        return tensors.ys.movedim(0, dim if dim >= 0 else nd + dim)
+    return torch.stack(list(tensors), dim, out=out) if out is not None else torch.stack(list(tensors), dim)
+
+
+def cat(tensors, dim: int = 0, *, out=None):
+    if isinstance(tensors, Stacked) and out is None:
+        ys = tensors.ys
+        nd = ys.dim() - 1
+        d = dim if dim >= 0 else nd + dim
+        moved = ys.movedim(0, d)               # [..., n, size_d, ...]
+        return moved.reshape(*moved.shape[:d], -1, *moved.shape[d + 2:])
+    return torch.cat(list(tensors), dim, out=out) if out is not None else torch.cat(list(tensors), dim)
+
+
+def scan_loop(body, rng, carries: tuple, xs: tuple, accs: tuple, where: str):
+    """Run the loop as ``scan``: ``(carries, accumulators)`` after it, or None (the caller
+    then runs the original loop) when the values at run time do not allow it."""
+    from torch._higher_order_ops.scan import scan
+
+    def refuse(why: str):
+        NOTES.append(f"the Python loop at {where} is unrolled: {why}")
+        return None
+    if not isinstance(rng, range) or rng.start != 0 or rng.step != 1:
+        return refuse("not a loop over range(n)")
+    n = len(rng)
+    if n < 2:
+        return None
+    if not all(isinstance(c, torch.Tensor) for c in carries):
+        return refuse("a carry is not a tensor")
+    if not all(isinstance(a, list) and not a for a in accs):
+        return refuse("an accumulator is not an empty list")
+    rows = []
+    for x, d in xs:
+        if not isinstance(x, torch.Tensor) or x.dim() <= d or x.shape[d] != n:
+            return refuse(f"an indexed value is not a tensor {n} long on dimension {d}")
+        rows.append(x.movedim(d, 0))
+    def step(c, r):
+        nxt, out = body(tuple(c), tuple(r))
+        return list(nxt), list(out)
+    try:
+        final, ys = scan(step, list(carries), rows)
+    except Exception as e:  # noqa: BLE001 - a body scan cannot take: the loop runs unrolled
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return refuse(f"scan does not take its body ({type(e).__name__}: {first[:160]})")
+    NOTES.append(f"the Python loop at {where} is one scan of {n} iterations")
+    SOURCES.append(where.split(" ")[0])
+    return tuple(final), tuple(Stacked(y) for y in ys)
+
+
+# ============================================================================
+# which functions a model calls
+
+
+def _functions_of(model) -> list[types.FunctionType]:
+    """The Python functions a model's modules may call: their classes' methods and, to a
+    depth of three, the module-level functions those name (decorated ones unwrapped)."""
+    seen: set = set()
+    out: list[types.FunctionType] = []
+    todo: list[tuple[object, int]] = []
+    for m in model.modules():
+        for cls in type(m).__mro__:
+            if cls.__module__.startswith(("torch.", "builtins")):
+                continue
+            for v in vars(cls).values():
+                todo.append((v, 0))
+    while todo:
+        f, depth = todo.pop()
+        if isinstance(f, (staticmethod, classmethod)):
+            f = f.__func__
+        while hasattr(f, "__wrapped__") and isinstance(f, types.FunctionType):
+            todo.append((f.__wrapped__, depth))
+            break
+        if not isinstance(f, types.FunctionType) or id(f) in seen:
+            continue
+        seen.add(id(f))
+        mod = getattr(f, "__module__", "") or ""
+        if mod.startswith(("torch", "solbound", "numpy", "typing", "functools")):
+            continue
+        out.append(f)
+        if depth >= 3:
+            continue
+        for cell in f.__closure__ or ():
+            try:
+                todo.append((cell.cell_contents, depth + 1))
+            except ValueError:
+                pass
+        for name in _code_names(f.__code__):
+            g = f.__globals__.get(name)
+            if isinstance(g, types.FunctionType):
+                todo.append((g, depth + 1))
+    return out
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+def _has_range_loop(code: types.CodeType) -> bool:
+    return "range" in _code_names(code)
+
+
+_ENABLED = contextvars.ContextVar("solbound_loops_as_scans", default=True)
+
+
+@contextlib.contextmanager
+def capturing(enabled: bool):
+    """Whether exports inside capture Python loops as scans (``analyze(reroll=False)``:
+    every iteration traced, as written)."""
+    token = _ENABLED.set(enabled)
+    try:
+        yield
+    finally:
+        _ENABLED.reset(token)
+
+
+@contextlib.contextmanager
+def loops_as_scans(model):
+    """While active, the qualifying loops of every function ``model`` calls run as scans
+    (the functions' code is swapped and restored after)."""
+    swapped: list[tuple[types.FunctionType, types.CodeType]] = []
+    if not _ENABLED.get():
+        yield
+        return
+    try:
+        for f in _functions_of(model):
+            if not _has_range_loop(f.__code__):
+                continue
+            new = rewritten(f)
+            if new is not None:
+                swapped.append((f, f.__code__))
+                f.__code__ = new
+        yield
+    finally:
+        for f, code in swapped:
+            f.__code__ = code
