@@ -155,9 +155,16 @@ def _analyze(loop: ast.For, after: list[ast.stmt]) -> _Loop:
     body = [_Indexer(var, assigned, xs).visit(copy.deepcopy(st)) for st in loop.body]
     if any(n.id == var for st in body for n in ast.walk(st) if isinstance(n, ast.Name)):
         raise _Refuse(f"the loop variable {var} is used other than as one index of a tensor")
+    if not xs:
+        raise _Refuse("the body indexes no tensor by the step")
     ys = iter(range(len(accs)))
     body = [_Appends(accs, ys).visit(st) for st in body]
     return _Loop(carries, accs, xs, body)
+
+
+def _over_range(loop: ast.For) -> bool:
+    it = loop.iter
+    return isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
 
 
 def _live_after(name: str, after: list[ast.stmt]) -> bool:
@@ -224,6 +231,7 @@ class _Rewriter(ast.NodeTransformer):
     def __init__(self, file: str, qualname: str, first: int):
         self.file, self.qualname, self.first = file, qualname, first
         self.count = 0
+        self.notes = 0
         self.refused: list[str] = []
 
     def _block(self, stmts: list[ast.stmt]) -> list[ast.stmt]:
@@ -236,6 +244,8 @@ class _Rewriter(ast.NodeTransformer):
                     lp = _analyze(st, stmts[i + 1:] + self._continuation)
                 except _Refuse as e:
                     self.refused.append(f"line {st.lineno + self.first - 1}: {e}")
+                    if _over_range(st):     # said when it runs: one line per loop
+                        out.append(self._unrolled_note(st, str(e)))
                 else:
                     out.extend(self._scan(st, lp))
                     continue
@@ -259,6 +269,18 @@ class _Rewriter(ast.NodeTransformer):
                     h.body = self._block(h.body)
         finally:
             self._continuation = saved
+        return st
+
+    def _where(self, loop: ast.For) -> str:
+        return f"{self.file}:{loop.lineno + self.first - 1} ({self.qualname})"
+
+    def _unrolled_note(self, loop: ast.For, why: str) -> ast.stmt:
+        self.notes += 1
+        st = ast.parse(f"__import__('solbound.frontends.torch.loops', fromlist=['unrolled'])"
+                       f".unrolled({self._where(loop)!r}, {why!r})").body[0]
+        for n in ast.walk(st):
+            if "lineno" in n._attributes:
+                ast.copy_location(n, loop)
         return st
 
     def _scan(self, loop: ast.For, lp: _Loop) -> list[ast.stmt]:
@@ -287,7 +309,7 @@ class _Rewriter(ast.NodeTransformer):
             f"({', '.join(lp.carries)}{',' if len(lp.carries) == 1 else ''}), "
             f"({''.join(f'({src}, {d}), ' for src, d in lp.xs)}), "
             f"({''.join(f'{a}, ' for a in lp.accs)}), "
-            f"{f'{self.file}:{loop.lineno + self.first - 1} ({self.qualname})'!r})").body[0]
+            f"{self._where(loop)!r})").body[0]
         unpack = ast.Assign([ast.Tuple([_tuple(lp.carries, ast.Store), _tuple(lp.accs, ast.Store)],
                                        ast.Store())], ast.Name(res, ast.Load()))
         guard = ast.If(ast.Compare(ast.Name(res, ast.Load()), [ast.Is()], [ast.Constant(None)]),
@@ -339,7 +361,7 @@ def rewritten(fn: types.FunctionType) -> types.CodeType | None:
         return None
     rw = _Rewriter(os.path.basename(code.co_filename), fn.__qualname__, first)
     fdef.body = rw._block(fdef.body)
-    if not rw.count:
+    if not rw.count and not rw.notes:
         return None
     accs = {n for st in ast.walk(fdef) if isinstance(st, ast.Call)
             for n in _scan_accs(st)}
@@ -417,6 +439,11 @@ def cat(tensors, dim: int = 0, *, out=None):
     return torch.cat(list(tensors), dim, out=out) if out is not None else torch.cat(list(tensors), dim)
 
 
+def unrolled(where: str, why: str) -> None:
+    """A loop over ``range`` that is not a scan runs unrolled: said once per call."""
+    NOTES.append(f"the Python loop at {where} is unrolled: {why}")
+
+
 def scan_loop(body, rng, carries: tuple, xs: tuple, accs: tuple, where: str):
     """Run the loop as ``scan``: ``(carries, accumulators)`` after it, or None (the caller
     then runs the original loop) when the values at run time do not allow it."""
@@ -441,7 +468,9 @@ def scan_loop(body, rng, carries: tuple, xs: tuple, accs: tuple, where: str):
         rows.append(x.movedim(d, 0))
     def step(c, r):
         nxt, out = body(tuple(c), tuple(r))
-        return list(nxt), list(out)
+        # each row appended is copied, as torch.stack copies it after the unrolled loop
+        # (and a scan's outputs must not alias one another)
+        return list(nxt), [y.clone() if isinstance(y, torch.Tensor) else y for y in out]
     try:
         final, ys = scan(step, list(carries), rows)
     except Exception as e:  # noqa: BLE001 - a body scan cannot take: the loop runs unrolled

@@ -84,6 +84,11 @@ def scan_rule(ctx: OpCtx) -> None:
     outs = list(out_node.args[0])
     val = node.meta["val"]
     group = low._cur_group
+    # a Python loop captured as this scan (loops.py): its operators are named by its line
+    scans = [n for n in node.graph.nodes if n.op == "call_function" and n.target is node.target]
+    sources = getattr(low.ep, "solbound_loop_sources", None) or []
+    line = sources[scans.index(node)] if len(sources) == len(scans) else group[2]
+    low._cur_group = (group[0], group[1], line)
     # histories of the carries, row 0 the initial value
     hist = []
     for i, (c, cn) in enumerate(zip(init, init_nodes)):
@@ -112,11 +117,7 @@ def scan_rule(ctx: OpCtx) -> None:
     born = set(low.tensors)
     low.scan_loop, saved_prefix = loop, low.group_prefix
     low.group_prefix = f"{node.name}."
-    # a Python loop captured as this scan (loops.py): its operators are named by its line
-    scans = [n for n in node.graph.nodes if n.op == "call_function" and n.target is node.target]
-    sources = getattr(low.ep, "solbound_loop_sources", None) or []
-    low.scan_src = sources[scans.index(node)] if len(sources) == len(scans) else ""
-    line = low.scan_src or group[2]
+    low.scan_src = line
     unsupported = len(low.unsupported)
     try:
         for n in gm.graph.nodes:

@@ -1,0 +1,96 @@
+"""Python loops over steps captured as one scan (frontends/torch/loops.py) and lowered as
+one sequential loop of the IR (frontends/torch/rules/control.py), against the same
+program traced unrolled (``reroll=False``)."""
+
+import torch
+
+import solbound
+from solbound.frontends.torch import loops
+
+from programs.recurrences import Elman, Growing, Recurrence, StepValue
+
+
+def _pair(model, args):
+    scan = solbound.analyze(model, args, arch="h100-sxm", validate=True)
+    unrolled = solbound.analyze(model, args, arch="h100-sxm", reroll=False)
+    return scan, unrolled
+
+
+def _looped(rep) -> set:
+    return {k.loop for k in rep.program.kernels if k.loop is not None}
+
+
+def test_a_selective_scan_is_one_loop_with_the_unrolled_counts():
+    b, d, t, n = 2, 8, 6, 4
+    args = (torch.randn(b, d, t, n), torch.randn(b, d, t, n), torch.randn(b, t, n),
+            torch.randn(b, d, n))
+    scan, unrolled = _pair(Recurrence(), args)
+    assert scan.validation["status"] == "passed"
+    assert len(_looped(scan)) == 1 and ("ts", t, 1) in _looped(scan)
+    assert not _looped(unrolled)
+    # per step: h (b*d*n) multiply and add, and y = h @ C_t (b*d*n MACs); the stacked
+    # rows doubled after the loop (b*d*t)
+    assert scan.totals["macs"] == unrolled.totals["macs"] == b * d * n * t
+    assert scan.totals["flops"] == unrolled.totals["flops"] == 4 * b * d * n * t + b * d * t
+    assert scan.totals["bytes"]["fused"] == unrolled.totals["bytes"]["fused"]
+    # unfused: the same operators per step and a copy of each row as torch.stack makes;
+    # besides, the initial state (a program input) is copied into the loop's history and
+    # the final one (a program output) out of it: 2 x 2 x b*d*n floats
+    state = b * d * n * 4
+    assert scan.totals["bytes"]["unfused"] == unrolled.totals["bytes"]["unfused"] + 4 * state
+    assert any("is one scan of 6 iterations" in n and "recurrences.py:10" in n
+               for n in scan.program.notes)
+    srcs = {g.src for g in scan.counts.groups if g.op.startswith("scan")}
+    assert srcs == {"recurrences.py:10"}, srcs
+
+
+def test_the_ir_does_not_grow_with_the_trip_count():
+    def kernels(t):
+        args = (torch.randn(1, 4, t, 2), torch.randn(1, 4, t, 2), torch.randn(1, t, 2),
+                torch.randn(1, 4, 2))
+        rep = solbound.analyze(Recurrence(), args, arch="h100-sxm")
+        return len(rep.program.kernels), rep.totals["macs"]
+    (k5, m5), (k40, m40) = kernels(5), kernels(40)
+    assert k5 == k40
+    assert (m5, m40) == (1 * 4 * 2 * 5, 1 * 4 * 2 * 40)
+
+
+def test_an_elman_rnn_with_a_zero_state_and_cat():
+    torch.manual_seed(0)
+    model, x = Elman(), torch.randn(3, 7, 8)
+    scan, unrolled = _pair(model, (x,))
+    assert scan.validation["status"] == "passed"
+    assert len(_looped(scan)) == 1
+    # x_t W and h U per step: 2 * 3*8*8 MACs
+    assert scan.totals["macs"] == unrolled.totals["macs"] == 2 * 3 * 8 * 8 * 7
+    assert scan.totals["flops"] == unrolled.totals["flops"]
+    assert scan.totals["bytes"]["fused"] == unrolled.totals["bytes"]["fused"]
+    # torch.zeros writes the loop history's first row: no copy in front of the loop. The
+    # rows are stacked step-major and returned batch-major, a view the program output is
+    # copied out of once (3*7*8 floats read and written); torch.cat wrote them in place
+    assert [k.opname for k in scan.program.kernels
+            if k.loop is None and k.out.startswith("scan_carry")] == ["aten.zeros"]
+    assert scan.totals["bytes"]["unfused"] == unrolled.totals["bytes"]["unfused"] + 2 * 3 * 7 * 8 * 4
+
+
+def test_loops_that_are_not_scans_run_unrolled_and_say_why():
+    x = torch.randn(2, 3)
+    for model, why in ((Growing(), "scan does not take its body"),
+                       (StepValue(), "the loop variable i is used other than as one index")):
+        rep = solbound.analyze(model, (x,), arch="h100-sxm", validate=True)
+        assert rep.validation["status"] != "failed"
+        assert not _looped(rep)
+        assert any("unrolled" in n and why in n for n in rep.program.notes), rep.program.notes
+
+
+def test_the_rewrite_leaves_the_function_as_it_was():
+    from programs import recurrences
+    code = recurrences.selective_scan.__code__
+    with loops.capturing(True), loops.loops_as_scans(Recurrence()):
+        assert recurrences.selective_scan.__code__ is not code
+        args = (torch.randn(1, 2, 5, 3), torch.randn(1, 2, 5, 3), torch.randn(1, 5, 3),
+                torch.randn(1, 2, 3))
+        got = Recurrence()(*args)
+    assert recurrences.selective_scan.__code__ is code
+    want = Recurrence()(*args)
+    assert all(torch.allclose(a, b) for a, b in zip(got, want))
