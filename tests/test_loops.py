@@ -94,3 +94,31 @@ def test_the_rewrite_leaves_the_function_as_it_was():
     assert recurrences.selective_scan.__code__ is code
     want = Recurrence()(*args)
     assert all(torch.allclose(a, b) for a, b in zip(got, want))
+
+
+def test_mamba_called_as_users_call_it_scans_its_time_steps():
+    """transformers' Mamba slow path (no CUDA kernels): the time loop is one sequential loop
+    per layer, MACs are the closed form, and only the first step's known zero state, which
+    the unrolled trace folds, tells the two apart."""
+    from transformers import MambaConfig, MambaForCausalLM
+    L, t, d, n, V = 2, 12, 32, 4, 96
+    cfg = MambaConfig(num_hidden_layers=L, hidden_size=d, state_size=n, vocab_size=V,
+                      intermediate_size=2 * d, time_step_rank=4, conv_kernel=3)
+    torch.manual_seed(0)
+    model = MambaForCausalLM(cfg).eval()
+    ids = torch.randint(0, V, (1, t))
+    scan, unrolled = _pair(model, (ids,))
+    assert scan.validation["status"] == "passed"
+    assert len(_looped(scan)) == L and all(lp[1] == t for lp in _looped(scan))
+    di, r, k = 2 * d, 4, 3
+    per_token = d * 2 * di + di * (r + 2 * n) + r * di + di * n + di * d + d   # + RMSNorm
+    conv = di * (k * t - k * (k - 1) // 2)          # taps on the causal padding skipped
+    macs = L * (t * per_token + conv) + t * d + t * d * V
+    assert scan.totals["macs"] == unrolled.totals["macs"] == macs
+    fs, fu = scan.totals["flops_by_unit"], unrolled.totals["flops_by_unit"]
+    assert fs["matrix"] == fu["matrix"]
+    # step 0 multiplies the zero state (d_inner x n per layer: a multiply and an add) and
+    # needs no exp of its decay, which the unrolled trace folds away
+    assert fs["vector"] - fu["vector"] == 2 * L * di * n
+    assert fs["special"] - fu["special"] == L * di * n
+    assert scan.totals["bytes"]["fused"] == unrolled.totals["bytes"]["fused"]
