@@ -495,6 +495,27 @@ case("recurrent-lstm-cell-state-only", None, [((3, 6, 5),), ((1, 4, 5),)],
      {"module": _CellStateOnly})
 
 
+def _scan_two_carries(s, x, h):
+    """torch's scan called directly: two carries (one a pytree of two), outputs of two
+    shapes, a weight closed over (an additional input), forward and reversed."""
+    from torch._higher_order_ops.scan import scan
+
+    def body(c, xt):
+        h, (m, k) = c
+        h = torch.tanh(xt @ s.w + h)
+        m = torch.maximum(m, h)
+        k = k * 0.5 + h.sum(-1, keepdim=True)
+        return [h, (m, k)], (h * 2, k.squeeze(-1) + 1)
+    init = [h, (h * 0 - 1, h[:, :1] * 0)]
+    (hf, (mf, kf)), (ys, ks) = scan(body, init, x.movedim(1, 0))
+    (hr, _), (yr, _) = scan(body, init, x.movedim(1, 0), reverse=True)
+    return hf + mf, kf, ys.movedim(0, 1), ks, hr, yr
+
+
+case("scan", _scan_two_carries, [((2, 5, 4), (2, 3)), ((3, 2, 4), (3, 3))],
+     {"w": nn.Parameter(torch.randn(4, 3))})
+
+
 def make_inputs(shapes, make):
     return [make(s) if make else torch.randn(*s) for s in shapes]
 
