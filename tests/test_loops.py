@@ -7,7 +7,7 @@ import torch
 import solbound
 from solbound.frontends.torch import loops
 
-from programs.recurrences import Elman, Growing, Recurrence, StepValue
+from programs.recurrences import Elman, ElmanLocal, Growing, Recurrence, StepValue
 
 
 def _pair(model, args):
@@ -71,6 +71,22 @@ def test_an_elman_rnn_with_a_zero_state_and_cat():
     assert [k.opname for k in scan.program.kernels
             if k.loop is None and k.out.startswith("scan_carry")] == ["aten.zeros"]
     assert scan.totals["bytes"]["unfused"] == unrolled.totals["bytes"]["unfused"] + 2 * 3 * 7 * 8 * 4
+
+
+def test_a_body_closing_over_tensors_gets_them_as_inputs_not_constants():
+    torch.manual_seed(0)
+    model, x = ElmanLocal(), torch.randn(3, 7, 8)
+    from solbound.frontends.torch.capture import export_program
+    ep = export_program(model, (x,))
+    (scan,) = [n for n in ep.graph.nodes if str(n.target) == "scan"]
+    assert len(scan.args[3]) == 2                  # w and u, passed in
+    body = getattr(ep.graph_module, scan.args[0].target)
+    assert not [n for n in body.graph.nodes if n.op == "get_attr"]
+    rep, unrolled = _pair(model, (x,))
+    assert rep.validation["status"] == "passed"
+    assert len(_looped(rep)) == 1
+    assert rep.totals["macs"] == unrolled.totals["macs"] == 2 * 3 * 8 * 8 * 7
+    assert rep.totals["bytes"]["fused"] == unrolled.totals["bytes"]["fused"]
 
 
 def test_loops_that_are_not_scans_run_unrolled_and_say_why():

@@ -56,3 +56,17 @@ class StepValue(torch.nn.Module):
         for i in range(4):
             acc = acc * 0.5 + i
         return acc
+
+
+class ElmanLocal(Elman):
+    """The weights read into locals before the loop: the body closes over tensors only,
+    so the scan's body is traced directly (no TorchDynamo), the tensors passed in."""
+
+    def forward(self, x):
+        w, u = self.w, self.u
+        h = torch.zeros(x.shape[0], w.shape[1])
+        rows = []
+        for t in range(x.shape[1]):
+            h = torch.tanh(x[:, t] @ w + h @ u)
+            rows.append(h)
+        return torch.stack(rows, dim=1)

@@ -444,6 +444,52 @@ def unrolled(where: str, why: str) -> None:
     NOTES.append(f"the Python loop at {where} is unrolled: {why}")
 
 
+_PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device,
+          types.ModuleType, types.BuiltinFunctionType)
+
+
+def _direct(step, body, init: list, rows: list):
+    """``scan_op`` called directly, its body traced by ``make_fx`` rather than compiled by
+    TorchDynamo (which ``scan`` does, about 2 s a call): possible when everything the body
+    closes over is a tensor (passed as an additional input, the closure's cell pointing at
+    the traced value while the body is traced) or a plain value. None otherwise, or when
+    the direct call fails (``scan`` then takes the body as it can)."""
+    from torch._higher_order_ops.scan import scan_op
+    cells = []
+    for cell in body.__closure__ or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:          # a name the function has not bound yet
+            return None
+        if isinstance(v, torch.Tensor):
+            cells.append(cell)
+        elif not isinstance(v, _PLAIN):
+            return None             # an object that may hold tensors (a module, a function)
+    for name in _code_names(body.__code__):
+        g = body.__globals__.get(name)
+        if g is not None and not isinstance(g, _PLAIN + (type, types.FunctionType)):
+            return None
+        if isinstance(g, types.FunctionType) and g.__closure__:
+            return None
+    ncar, nx = len(init), len(rows)
+
+    def flat(*args):
+        saved = [c.cell_contents for c in cells]
+        for c, v in zip(cells, args[ncar + nx:]):
+            c.cell_contents = v
+        try:
+            nxt, out = step(list(args[:ncar]), list(args[ncar:ncar + nx]))
+        finally:
+            for c, v in zip(cells, saved):
+                c.cell_contents = v
+        return [*nxt, *out]
+    try:
+        res = scan_op(flat, init, rows, tuple(c.cell_contents for c in cells))
+    except Exception:  # noqa: BLE001 - e.g. an operator make_fx cannot take here
+        return None
+    return list(res[:ncar]), list(res[ncar:])
+
+
 def scan_loop(body, rng, carries: tuple, xs: tuple, accs: tuple, where: str):
     """Run the loop as ``scan``: ``(carries, accumulators)`` after it, or None (the caller
     then runs the original loop) when the values at run time do not allow it."""
@@ -472,7 +518,14 @@ def scan_loop(body, rng, carries: tuple, xs: tuple, accs: tuple, where: str):
         # (and a scan's outputs must not alias one another)
         return list(nxt), [y.clone() if isinstance(y, torch.Tensor) else y for y in out]
     try:
-        final, ys = scan(step, list(carries), rows)
+        # forward only (the training step traces loops as written): without autograd the
+        # scan skips building its joint backward graph, most of its tracing time
+        with torch.no_grad():
+            direct = _direct(step, body, list(carries), rows)
+            if direct is not None:
+                final, ys = direct
+            else:
+                final, ys = scan(step, list(carries), rows)
     except Exception as e:  # noqa: BLE001 - a body scan cannot take: the loop runs unrolled
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return refuse(f"scan does not take its body ({type(e).__name__}: {first[:160]})")
