@@ -34,7 +34,8 @@ def test_the_shrinker_keeps_what_a_config_requires():
     layers that reuse another layer's cache (Gemma 3n) keep one of each kind producing and
     one reusing; a latent-attention head size that must be the sum of its parts (dots3) is
     tried as that sum; a causal LM is a decoder (BERT's causal head); widths in parts and
-    positions in factors keep their relations (Reformer)."""
+    positions in factors keep their relations (Reformer); a shorter pattern of layer kinds
+    cycled over the layers keeps enough layers for each kind (RecurrentGemma)."""
     import torch
     b = zoo.build("deepseek_v2")
     assert b.config.num_experts_per_tok == 2 and b.changed["num_experts_per_tok"] == (None, 2)
@@ -52,7 +53,13 @@ def test_the_shrinker_keeps_what_a_config_requires():
     c = b.config
     assert list(c.axial_pos_embds_dim) == [16, 48] and sum(c.axial_pos_embds_dim) == c.hidden_size
     assert c.axial_pos_shape[0] * c.axial_pos_shape[1] == c.max_position_embeddings == 512
-    for name in ("deepseek_v2", "gemma3n_text", "dots3_note", "reformer"):
+    # RecurrentGemma's pattern of kinds (recurrent, recurrent, attention) cycled over the
+    # layers: three layers, so that an attention layer (and its cache) exists
+    b = zoo.build("recurrent_gemma")
+    assert b.config.num_hidden_layers == 3 and b.changed["num_hidden_layers"] == (26, 3)
+    assert b.config.block_types == ["recurrent", "recurrent", "attention"]
+    assert b.config.layers_block_type[2] != b.config.layers_block_type[0]
+    for name in ("deepseek_v2", "gemma3n_text", "dots3_note", "reformer", "recurrent_gemma"):
         m = zoo.build(name)
         with torch.no_grad():
             m.model(*m.inputs)               # the default call runs in eager PyTorch

@@ -64,6 +64,7 @@ _GROUPS = re.compile(r"(n_group|topk_group|num_expert_group|n_groups|mamba_n_gro
 _VOCAB = re.compile(r".*vocab_size")
 _KV_SHARED = re.compile(r"num_kv_shared_layers|num_shared_kv_layers|kv_shared_layers")
 _TOKEN_ID = re.compile(r".*_token_id")
+_KINDS = re.compile(r".*(block|layer)s?_(types?|pattern|kinds?)")
 _POSITIONS = re.compile(r"(max_position_embeddings|n_positions|max_seq_len|seq_length|"
                         r"max_sequence_length|n_ctx)")
 _WIDTHLIKE = re.compile(r".*(size|dim|rank|channels|width|vocab).*")
@@ -155,6 +156,12 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
                 new = kinds + v[:max(0, n - len(kinds))] if len(kinds) < n else kinds
                 kinds_n = max(kinds_n, len(new))
                 put(k, new)
+        # a shorter pattern of layer kinds cycled over the layers (RecurrentGemma's
+        # block_types: recurrent, recurrent, attention): enough layers that each kind occurs
+        for k, v in values.items():
+            if _KINDS.fullmatch(k) and isinstance(v, list) and 1 < len(v) < old_n \
+                    and all(isinstance(x, str) for x in v):
+                kinds_n = max(kinds_n, max(v.index(x) for x in set(v)) + 1)
         for k, v in values.items():
             if isinstance(v, list) and len(v) == old_n and k not in out:
                 put(k, v[:kinds_n])
