@@ -84,3 +84,15 @@ def test_a_registered_architecture_called_with_its_defaults(model_type):
         want = tokens * mod.in_features * mod.out_features
         assert macs[name] == want, (name, macs[name], want)
     assert rep.validation["status"] == "passed", rep.validation
+
+
+def test_a_selection_computed_from_constants_is_exact_not_assumed():
+    """X-MOD picks each language adapter's tokens with a boolean mask of its language ids,
+    ``default_lang_id * torch.ones(batch)``: values the program computes from constants,
+    so the selection is answered exactly while tracing, with no routing assumption."""
+    b = zoo.build("xmod")
+    rep = solbound.analyze(b.model, b.inputs, arch="h100-sxm", source=b.arch, validate=True)
+    assert rep.unsupported == [] and rep.validation["status"] == "passed"
+    notes = rep.program.notes
+    assert any("no routing assumption" in n and "__getitem__" in n for n in notes), notes
+    assert not any(n.startswith("assumption: routing") for n in notes)

@@ -379,8 +379,13 @@ class RoutingMode(_Forcing):
         leaves = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         if not leaves and name not in _FACTORIES:
             return
-        if not leaves and any(t.is_floating_point() or t.is_complex() for t in outs):
-            return                       # float factories: data to be, not routing
+        if not leaves and any(t.is_floating_point() or t.is_complex() for t in outs) \
+                and name not in ("zeros", "ones"):
+            # other float factories are data to be, not routing; zeros and ones may hold
+            # values the program then decides with (X-MOD's language ids, default_lang_id
+            # * torch.ones(batch), compared per adapter; JetMoE's zeros.scatter(1, idx, 1)
+            # summed into per-expert counts)
+            return
         if any(t.numel() > SHADOW_LIMIT for t in outs + leaves):
             if inplace and args and isinstance(args[0], torch.Tensor):
                 self.shadows.pop(args[0], None)
@@ -432,6 +437,13 @@ def sizes_note(mode: "RoutingMode") -> str:
 def routing_note(mode: "RoutingMode") -> str:
     what = sorted(set(mode.answered))
     pre = sorted(set(mode.precomputed))
+    if not mode.forced:
+        # no routing decision: the values asked for follow from the program's constants
+        # (X-MOD's language ids), computed exactly while tracing; no assumption
+        return ("sizes and branches that depend on tensor values ("
+                + ", ".join(what or ["none"])
+                + ") follow from values the program computes from its constants, computed "
+                  "while tracing (exact, no routing assumption)")
     return (f"assumption: routing is {mode.routing} ({mode.forced} routing decision(s) fixed: "
             + ("top-k row r, slot j picks expert (r*k + j) mod E, T*k/E tokens per expert"
                if mode.routing == "balanced" else "every token picks experts 0..k-1")
