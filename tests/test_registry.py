@@ -35,7 +35,8 @@ def test_the_shrinker_keeps_what_a_config_requires():
     one reusing; a latent-attention head size that must be the sum of its parts (dots3) is
     tried as that sum; a causal LM is a decoder (BERT's causal head); widths in parts and
     positions in factors keep their relations (Reformer); a shorter pattern of layer kinds
-    cycled over the layers keeps enough layers for each kind (RecurrentGemma)."""
+    cycled over the layers keeps enough layers for each kind (RecurrentGemma); expert
+    counts a default config leaves None get the shrinker's (dots.llm1)."""
     import torch
     b = zoo.build("deepseek_v2")
     assert b.config.num_experts_per_tok == 2 and b.changed["num_experts_per_tok"] == (None, 2)
@@ -59,7 +60,13 @@ def test_the_shrinker_keeps_what_a_config_requires():
     assert b.config.num_hidden_layers == 3 and b.changed["num_hidden_layers"] == (26, 3)
     assert b.config.block_types == ["recurrent", "recurrent", "attention"]
     assert b.config.layers_block_type[2] != b.config.layers_block_type[0]
-    for name in ("deepseek_v2", "gemma3n_text", "dots3_note", "reformer", "recurrent_gemma"):
+    # dots.llm1's default config leaves its expert counts None, which its model reads as
+    # numbers: the shrinker's 4 experts, 2 per token, 1 shared
+    b = zoo.build("dots1")
+    c = b.config
+    assert (c.n_routed_experts, c.num_experts_per_tok, c.n_shared_experts) == (4, 2, 1)
+    for name in ("deepseek_v2", "gemma3n_text", "dots3_note", "reformer", "recurrent_gemma",
+                 "dots1"):
         m = zoo.build(name)
         with torch.no_grad():
             m.model(*m.inputs)               # the default call runs in eager PyTorch

@@ -64,6 +64,7 @@ _GROUPS = re.compile(r"(n_group|topk_group|num_expert_group|n_groups|mamba_n_gro
 _VOCAB = re.compile(r".*vocab_size")
 _KV_SHARED = re.compile(r"num_kv_shared_layers|num_shared_kv_layers|kv_shared_layers")
 _TOKEN_ID = re.compile(r".*_token_id")
+_SHARED = re.compile(r"(n_|num_)?shared_experts")
 _KINDS = re.compile(r".*(block|layer)s?_(types?|pattern|kinds?)")
 _POSITIONS = re.compile(r"(max_position_embeddings|n_positions|max_seq_len|seq_length|"
                         r"max_sequence_length|n_ctx)")
@@ -187,11 +188,22 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
                     and any(int(x) >= kinds_n for x in v):
                 put(k, {x: y for x, y in v.items() if int(x) < kinds_n})
     # the experts each token is routed to, left None by a default config whose model
-    # reads it as a number (DeepSeek-V2): the shrinker's own number of experts per token
+    # reads it as a number (DeepSeek-V2): the shrinker's own number of experts per token;
+    # a default config that leaves the expert counts themselves None too (dots.llm1, whose
+    # model builds its expert layers from them): the shrinker's experts, and one shared
     if any(_EXPERTS.fullmatch(k) and type(v) is int and v > 0 for k, v in values.items()):
         for k, v in values.items():
             if _TOPK.fullmatch(k) and v is None:
                 put(k, EXPERTS_PER_TOKEN)
+    elif any(_EXPERTS.fullmatch(k) and v is None for k in values for v in [values[k]]) \
+            and any(_TOPK.fullmatch(k) and values[k] is None for k in values):
+        for k, v in values.items():
+            if v is None and _EXPERTS.fullmatch(k):
+                put(k, EXPERTS)
+            elif v is None and _TOPK.fullmatch(k):
+                put(k, EXPERTS_PER_TOKEN)
+            elif v is None and _SHARED.fullmatch(k):
+                put(k, 1)
     # widths given in parts that sum to the model width (Reformer's axial position
     # embeddings) keep their proportions; factors whose product is the number of positions
     # (its axial position shape) halve their largest until they multiply to the new one
