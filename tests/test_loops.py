@@ -138,3 +138,47 @@ def test_mamba_called_as_users_call_it_scans_its_time_steps():
     assert fs["vector"] - fu["vector"] == 2 * L * di * n
     assert fs["special"] - fu["special"] == L * di * n
     assert scan.totals["bytes"]["fused"] == unrolled.totals["bytes"]["fused"]
+
+
+RNN_FILE = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, i, h, o):
+        super().__init__()
+        self.i2h = nn.Linear(i + h, h)
+        self.h2o = nn.Linear(h, o)
+
+    def forward(self, x, h0):
+        hidden = h0
+        outputs = []
+        for t in range(x.shape[0]):
+            combined = torch.cat((x[t], hidden), dim=1)
+            hidden = torch.tanh(self.i2h(combined))
+            outputs.append(self.h2o(hidden))
+        return torch.stack(outputs, dim=0)
+
+T, B, I, H, O = 9, 2, 5, 4, 3
+
+def get_inputs():
+    return [torch.rand(T, B, I), torch.rand(B, H)]
+
+def get_init_inputs():
+    return [I, H, O]
+'''
+
+
+def test_a_kernelbench_style_file_scans_its_time_loop(tmp_path):
+    """A program file (imported as a module of its own, as ``solbound analyze FILE`` does)
+    whose body calls its modules (closing over ``self``: the scan's body then goes through
+    TorchDynamo)."""
+    f = tmp_path / "rnn.py"
+    f.write_text(RNN_FILE)
+    rep = solbound.analyze_source(str(f), arch="h100-sxm", validate=True)
+    assert rep.validation["status"] == "passed"
+    assert any("rnn.py:14 (Model.forward) is one scan of 9 iterations" in n
+               for n in rep.program.notes), rep.program.notes
+    assert len(_looped(rep)) == 1
+    T, B, I, H, O = 9, 2, 5, 4, 3
+    assert rep.totals["macs"] == T * B * ((I + H) * H + H * O)

@@ -538,6 +538,11 @@ def scan_loop(body, rng, carries: tuple, xs: tuple, accs: tuple, where: str):
 # which functions a model calls
 
 
+# packages whose functions are not the program's (a user file is imported as
+# ``solbound_user_...``, which is the program's)
+_NOT_USERS = frozenset({"torch", "solbound", "numpy", "typing", "functools", "builtins"})
+
+
 def _functions_of(model) -> list[types.FunctionType]:
     """The Python functions a model's modules may call: their classes' methods and, to a
     depth of three, the module-level functions those name (decorated ones unwrapped)."""
@@ -561,7 +566,7 @@ def _functions_of(model) -> list[types.FunctionType]:
             continue
         seen.add(id(f))
         mod = getattr(f, "__module__", "") or ""
-        if mod.startswith(("torch", "solbound", "numpy", "typing", "functools")):
+        if mod.split(".")[0] in _NOT_USERS:
             continue
         out.append(f)
         if depth >= 3:
