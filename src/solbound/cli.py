@@ -572,8 +572,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trace transformers mixture-of-experts layers with their own dispatch "
                          "(by default batched_mm: the same T*k expert evaluations, static sizes)")
     an.add_argument("--no-reroll", action="store_true",
-                    help="trace every layer of a stack of identical layers (by default two "
-                         "are traced and the IR loops over all of them)")
+                    help="trace every layer of a stack of identical layers and every step "
+                         "of a Python loop over steps (by default two layers are traced and "
+                         "a loop over steps is one scan; the IR loops over all of them)")
     an.add_argument("--by-module", nargs="?", type=int, const=0, default=None, metavar="DEPTH",
                     help="roll time, FLOPs and bytes up per module (path cut at DEPTH)")
     an.add_argument("--strict", action="store_true",
