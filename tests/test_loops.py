@@ -7,7 +7,8 @@ import torch
 import solbound
 from solbound.frontends.torch import loops
 
-from programs.recurrences import Elman, ElmanLocal, Growing, Recurrence, StepValue
+from programs.recurrences import (CallerList, Elman, ElmanLocal, Growing, ListAfter, LoopBack,
+                                  Layered, Private, Recurrence, StepValue, Swap, ZerosLgamma)
 
 
 def _pair(model, args):
@@ -182,3 +183,78 @@ def test_a_kernelbench_style_file_scans_its_time_loop(tmp_path):
     assert len(_looped(rep)) == 1
     T, B, I, H, O = 9, 2, 5, 4, 3
     assert rep.totals["macs"] == T * B * ((I + H) * H + H * O)
+
+
+def _note(rep, text):
+    return any(text in n for n in rep.program.notes)
+
+
+def test_what_a_scan_would_change_stays_unrolled_and_validates():
+    """Found by a review: a list the caller made (its rows would never reach it), a list
+    used as a list after the loop, a name private to the inner loop read when the outer
+    loop comes round again. Each is named in the notes and validates."""
+    x, h = torch.randn(2, 5, 4), torch.randn(2, 4)
+    for model, why in ((CallerList(), "the list outs is not made empty in this function"),
+                       (ListAfter(), "the list outs is used after the loop other than"),
+                       (LoopBack(), "is assigned in the body and read after the loop")):
+        rep = solbound.analyze(model, (x, h), arch="h100-sxm", validate=True)
+        assert rep.validation["status"] == "passed", type(model).__name__
+        assert _note(rep, why), rep.program.notes
+
+
+def test_carries_that_would_alias_are_copied_and_validate():
+    x, a = torch.randn(2, 5, 4), torch.randn(2, 4)
+    scan, unrolled = _pair(Swap(), (x, a))
+    assert _note(scan, "is one scan of 5 iterations"), scan.program.notes
+    assert scan.validation["status"] == "passed"
+    assert scan.totals["flops"] == unrolled.totals["flops"]
+
+
+def test_a_method_reading_a_private_attribute_is_recompiled_in_its_class():
+    torch.manual_seed(0)
+    x, h = torch.randn(2, 5, 4), torch.randn(2, 4)
+    scan, unrolled = _pair(Private(), (x, h))
+    assert _note(scan, "is one scan of 5 iterations"), scan.program.notes
+    assert scan.validation["status"] == "passed"
+    assert scan.totals["macs"] == unrolled.totals["macs"] == 5 * 2 * 4 * 4
+
+
+def test_an_operator_without_a_rule_in_the_body_is_named_once_and_the_rest_counted():
+    x = torch.randn(2, 5, 4)
+    scan = solbound.analyze(ZerosLgamma(), (x,), arch="h100-sxm")
+    unrolled = solbound.analyze(ZerosLgamma(), (x,), arch="h100-sxm", reroll=False)
+    assert [u.operator for u in scan.unsupported] == ["aten.lgamma"]
+    assert len(unrolled.unsupported) == 5
+    assert scan.totals["flops"] == unrolled.totals["flops"]
+
+
+def test_a_source_edited_after_import_is_not_what_runs(tmp_path, monkeypatch):
+    """The rewrite compiles the function's source: when the file no longer matches the
+    loaded code (edited in a notebook session), the function is left alone."""
+    import importlib
+    import sys
+    f = tmp_path / "edited_rnn.py"
+    body = "h = torch.tanh(x[:, t] + h)"
+    src = ("import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x, h):\n"
+           "        for t in range(x.shape[1]):\n            {}\n        return h\n")
+    f.write_text(src.format(body))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("edited_rnn")
+    f.write_text(src.format("h = torch.tanh(x[:, t] @ torch.ones(4, 4) + h)"))
+    import linecache
+    linecache.checkcache()
+    rep = solbound.analyze(mod.M(), (torch.randn(2, 5, 4), torch.randn(2, 4)), arch="h100-sxm",
+                           validate=True)
+    sys.modules.pop("edited_rnn", None)
+    assert rep.validation["status"] == "passed"
+    assert rep.totals["macs"] == 0
+    assert not _note(rep, "scan")
+
+
+def test_a_time_loop_inside_a_layer_loop_of_the_same_function_is_a_scan():
+    x, h = torch.randn(2, 5, 4), torch.randn(2, 4)
+    scan, unrolled = _pair(Layered(), (x, h))
+    assert _note(scan, "is one scan of 5 iterations (each of 2 calls)"), scan.program.notes
+    assert scan.validation["status"] == "passed"
+    assert len(_looped(scan)) == 2
+    assert scan.totals["flops"] == unrolled.totals["flops"]

@@ -83,7 +83,7 @@ class _Loop:
     body: list[ast.stmt]               # with subscripts and appends replaced
 
 
-def _analyze(loop: ast.For, after: list[ast.stmt]) -> _Loop:
+def _analyze(loop: ast.For, paths: list[list[ast.stmt]]) -> _Loop:
     if not isinstance(loop.target, ast.Name):
         raise _Refuse("the loop variable is not a name")
     var = loop.target.id
@@ -130,6 +130,11 @@ def _analyze(loop: ast.For, after: list[ast.stmt]) -> _Loop:
             raise _Refuse(f"the body has a {type(st).__name__.lower()} statement")
     if var in assigned:
         raise _Refuse("the body assigns the loop variable")
+    for st in loop.body:
+        for n in ast.walk(st):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and n.func.attr.endswith("_") and not n.func.attr.endswith("__"):
+                raise _Refuse(f"the body updates a tensor in place (.{n.func.attr})")
     if len(set(accs)) != len(accs) or set(accs) & assigned:
         raise _Refuse("an accumulator is appended twice or reassigned in the body")
     for a in accs:
@@ -148,7 +153,7 @@ def _analyze(loop: ast.For, after: list[ast.stmt]) -> _Loop:
             done |= {n for t in st.targets for n in _names(t, ast.Store)}
     # names private to one iteration (and the loop variable) are dead after the loop
     for name in (assigned - set(carries)) | {var}:
-        if _live_after(name, after):
+        if any(_live_after(name, after) for after in paths):
             raise _Refuse(f"{name} is assigned in the body and read after the loop")
     # the loop variable only as one index of a loop-invariant tensor
     xs: list[tuple[str, int]] = []
@@ -162,6 +167,57 @@ def _analyze(loop: ast.For, after: list[ast.stmt]) -> _Loop:
     return _Loop(carries, accs, xs, body)
 
 
+def _is_stack_of(node, name: str) -> bool:
+    """``torch.stack(name, ...)``/``torch.cat(name, ...)`` (positional or ``dim=``), or
+    ``len(name)``."""
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Name) \
+            or node.args[0].id != name:
+        return False
+    f = node.func
+    if isinstance(f, ast.Name) and f.id == "len" and len(node.args) == 1 and not node.keywords:
+        return True
+    return (isinstance(f, ast.Attribute) and f.attr in ("stack", "cat")
+            and isinstance(f.value, ast.Name) and f.value.id == "torch" and len(node.args) <= 2
+            and all(k.arg == "dim" for k in node.keywords))
+
+
+def _check_accumulators(accs: list[str], before: list[ast.stmt],
+                        paths: list[list[ast.stmt]]) -> None:
+    """Each accumulator is a list this block makes empty before the loop (``acc = []``, not
+    a list the caller passed or aliased since) and is read after the loop only as
+    ``torch.stack(acc, d)``, ``torch.cat(acc, d)`` or ``len(acc)``: what the stacked rows
+    replace exactly."""
+    for a in accs:
+        made = None
+        for j, st in enumerate(before):
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 \
+                    and isinstance(st.targets[0], ast.Name) and st.targets[0].id == a:
+                made = j if isinstance(st.value, ast.List) and not st.value.elts else None
+        if made is None:
+            raise _Refuse(f"the list {a} is not made empty in this function before the loop")
+        if any(isinstance(n, ast.Name) and n.id == a for st in before[made + 1:]
+               for n in ast.walk(st)):
+            raise _Refuse(f"the list {a} is used between its creation and the loop")
+        for after in paths:
+            for st in after:
+                ok = {id(n.args[0]) for n in ast.walk(st) if _is_stack_of(n, a)}
+                # an assignment reads its value and any subscript or attribute target
+                value = [st.value] + [t for t in st.targets if not isinstance(t, ast.Name)] \
+                    if isinstance(st, ast.Assign) else [st]
+                if any(isinstance(n, ast.Name) and n.id == a and id(n) not in ok
+                       for v in value for n in ast.walk(v)):
+                    raise _Refuse(f"the list {a} is used after the loop other than by "
+                                  f"torch.stack, torch.cat or len")
+                if isinstance(st, ast.Assign) and any(
+                        isinstance(t, ast.Name) and t.id == a for t in st.targets):
+                    break                       # bound again: the rows are not read after
+                if not isinstance(st, ast.Assign) and any(
+                        isinstance(n, ast.Name) and n.id == a for n in ast.walk(st)
+                        if id(n) not in ok):
+                    raise _Refuse(f"the list {a} is used after the loop other than by "
+                                  f"torch.stack, torch.cat or len")
+
+
 def _over_range(loop: ast.For) -> bool:
     it = loop.iter
     return isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
@@ -170,6 +226,9 @@ def _over_range(loop: ast.For) -> bool:
 def _live_after(name: str, after: list[ast.stmt]) -> bool:
     """Is ``name`` read in ``after`` before it is assigned again (conservatively)?"""
     for st in after:
+        if isinstance(st, ast.For) and name in _names(st.target, ast.Store) \
+                and name not in _names(st.iter, ast.Load):
+            return False               # a loop that binds the name first (its variable)
         loads = name in _names(st, ast.Load)
         if isinstance(st, ast.Assign) and not loads:
             if name in {n for t in st.targets for n in _names(t, ast.Store)}:
@@ -241,7 +300,9 @@ class _Rewriter(ast.NodeTransformer):
                 try:
                     # statements after the loop, in this block (conservative: a name read
                     # later in an enclosing block is seen by the continuation check below)
-                    lp = _analyze(st, stmts[i + 1:] + self._continuation)
+                    paths = [stmts[i + 1:] + p for p in self._continuation]
+                    lp = _analyze(st, paths)
+                    _check_accumulators(lp.accs, stmts[:i], paths)
                 except _Refuse as e:
                     self.refused.append(f"line {st.lineno + self.first - 1}: {e}")
                     if _over_range(st):     # said when it runs: one line per loop
@@ -252,11 +313,19 @@ class _Rewriter(ast.NodeTransformer):
             out.append(self._visit_children(st, stmts[i + 1:]))
         return out
 
-    _continuation: list[ast.stmt] = []
+    # the ways control can go on after the current block: one list of statements each
+    _continuation: list[list[ast.stmt]] = [[]]
 
     def _visit_children(self, st, after):
         saved = self._continuation
-        self._continuation = list(after) + saved
+        # inside a loop, the loop's own body runs again after any statement in it (a name
+        # private to an inner scan may be read at the top of the next pass); a handler or
+        # a finally block may run after any statement of its try
+        again = list(st.body) if isinstance(st, (ast.For, ast.While, ast.AsyncFor)) else []
+        if isinstance(st, ast.Try):
+            again = [x for h in st.handlers for x in h.body] + list(st.finalbody)
+        self._continuation = [list(after) + p for p in saved] + \
+            ([again + list(after) + p for p in saved] if again else [])
         try:
             for field in ("body", "orelse", "finalbody"):
                 block = getattr(st, field, None)
@@ -359,6 +428,11 @@ def rewritten(fn: types.FunctionType) -> types.CodeType | None:
     fdef = tree.body[0] if tree.body else None
     if not isinstance(fdef, ast.FunctionDef) or fdef.name != code.co_name:
         return None
+    fdef.decorator_list = []
+    # the source must be the code that runs (not a file edited since it was imported)
+    same = _compiled(copy.deepcopy(fdef), fn, first)
+    if same is None or _signature_of(same) != _signature_of(code):
+        return None
     rw = _Rewriter(os.path.basename(code.co_filename), fn.__qualname__, first)
     fdef.body = rw._block(fdef.body)
     if not rw.count and not rw.notes:
@@ -366,30 +440,63 @@ def rewritten(fn: types.FunctionType) -> types.CodeType | None:
     accs = {n for st in ast.walk(fdef) if isinstance(st, ast.Call)
             for n in _scan_accs(st)}
     _Stacks(accs).visit(fdef)
-    fdef.decorator_list = []
+    new = _compiled(fdef, fn, first)
+    _CACHE[code] = new
+    return new
+
+
+def _signature_of(c: types.CodeType) -> tuple:
+    """What a recompiled function must share with the loaded one: its names, variables,
+    constants and lines (the bytecode itself can differ between compiling a whole file and
+    one function)."""
+    consts = tuple(k if not isinstance(k, types.CodeType) else _signature_of(k)
+                   for k in c.co_consts)
+    return (c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars, consts,
+            c.co_argcount, c.co_kwonlyargcount,
+            tuple(sorted({ln for _, _, ln in c.co_lines() if ln is not None}))[1:])
+    # (the first line is the decorator's in a decorated function, the def's once recompiled)
+
+
+def _compiled(fdef: ast.FunctionDef, fn: types.FunctionType, first: int):
+    """``fdef`` compiled as ``fn`` was: inside a class of its class's name (private names
+    mangled, ``super()`` and ``__class__`` as in the original), inside a function binding
+    the original's free variables (so the code closes over the same cells in the same
+    order), at the original's line numbers. None when that does not give the same free
+    variables."""
+    code = fn.__code__
     free = code.co_freevars
-    # an enclosing function that binds the original's free variables, so the recompiled
-    # code closes over the same cells in the same order
-    outer = ast.FunctionDef(
-        name=f"{_PREFIX}outer",
-        args=ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in free], kwonlyargs=[],
-                           kw_defaults=[], defaults=[]),
-        body=[fdef, ast.Return(ast.Name(fdef.name, ast.Load()))], decorator_list=[],
-        returns=None, type_params=[]) if free else None
-    module = ast.Module([outer if outer else fdef], type_ignores=[])
+    node: ast.stmt = fdef
+    parts = fn.__qualname__.split(".")
+    if len(parts) >= 2 and parts[-2] != "<locals>":
+        node = ast.ClassDef(name=parts[-2], bases=[], keywords=[], body=[node],
+                            decorator_list=[], type_params=[])
+    outer_free = [n for n in free if n != "__class__"] if isinstance(node, ast.ClassDef) else free
+    if outer_free:
+        node = ast.FunctionDef(
+            name=f"{_PREFIX}outer",
+            args=ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in outer_free],
+                               kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=[node, ast.Pass()], decorator_list=[], returns=None, type_params=[])
+    module = ast.Module([node], type_ignores=[])
     ast.fix_missing_locations(module)
     ast.increment_lineno(module, first - 1)
     try:
         compiled = compile(module, code.co_filename, "exec")
     except (SyntaxError, ValueError):
         return None
-    consts = [c for c in compiled.co_consts if isinstance(c, types.CodeType)]
-    if free:
-        consts = [c for o in consts for c in o.co_consts if isinstance(c, types.CodeType)]
-    new = next((c for c in consts if c.co_name == code.co_name), None)
+
+    def find(c: types.CodeType):
+        for k in c.co_consts:
+            if isinstance(k, types.CodeType):
+                if k.co_name == code.co_name:
+                    return k
+                got = find(k)
+                if got is not None:
+                    return got
+        return None
+    new = find(compiled)
     if new is None or new.co_freevars != free:
         return None
-    _CACHE[code] = new
     return new
 
 
@@ -444,8 +551,52 @@ def unrolled(where: str, why: str) -> None:
     NOTES.append(f"the Python loop at {where} is unrolled: {why}")
 
 
+def _same(a, b) -> bool:
+    return a is b
+
+
+def _aliases(a, b) -> bool:
+    if a is b:
+        return True
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    try:
+        return bool(torch._C._is_alias_of(a, b))
+    except Exception:  # noqa: BLE001 - a traced value that cannot say: assume it may
+        return True
+
+
+def _closure_tensors(body) -> list:
+    out = []
+    for cell in body.__closure__ or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:
+            continue
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+    return out
+
+
 _PLAIN = (type(None), bool, int, float, complex, str, torch.dtype, torch.device,
           types.ModuleType, types.BuiltinFunctionType)
+
+
+def _plain_globals(f: types.FunctionType, depth: int, seen=None) -> bool:
+    """Does ``f`` (and, ``depth`` calls deep, the functions it names) read only plain
+    globals: no tensor, module or object that may hold one, no closure?"""
+    seen = set() if seen is None else seen
+    if id(f) in seen:
+        return True
+    seen.add(id(f))
+    for name in _code_names(f.__code__):
+        g = f.__globals__.get(name)
+        if g is None or isinstance(g, _PLAIN + (type,)):
+            continue
+        if not isinstance(g, types.FunctionType) or g.__closure__ or depth <= 0 \
+                or not _plain_globals(g, depth - 1, seen):
+            return False
+    return True
 
 
 def _direct(step, body, init: list, rows: list):
@@ -465,12 +616,8 @@ def _direct(step, body, init: list, rows: list):
             cells.append(cell)
         elif not isinstance(v, _PLAIN):
             return None             # an object that may hold tensors (a module, a function)
-    for name in _code_names(body.__code__):
-        g = body.__globals__.get(name)
-        if g is not None and not isinstance(g, _PLAIN + (type, types.FunctionType)):
-            return None
-        if isinstance(g, types.FunctionType) and g.__closure__:
-            return None
+    if not _plain_globals(body, 3):
+        return None
     ncar, nx = len(init), len(rows)
 
     def flat(*args):
@@ -512,20 +659,40 @@ def scan_loop(body, rng, carries: tuple, xs: tuple, accs: tuple, where: str):
         if not isinstance(x, torch.Tensor) or x.dim() <= d or x.shape[d] != n:
             return refuse(f"an indexed value is not a tensor {n} long on dimension {d}")
         rows.append(x.movedim(d, 0))
+    # a scan's inputs must not share memory (h = h0 with h0 also read in the body, the
+    # same tensor as two carries): such an initial carry is copied, once
+    carries = list(carries)
+    for i, c in enumerate(carries):
+        others = carries[:i] + rows + [v for v in _closure_tensors(body)]
+        if any(_aliases(c, o) for o in others):
+            carries[i] = c.clone()
+
+    held = _closure_tensors(body)
+
     def step(c, r):
         nxt, out = body(tuple(c), tuple(r))
+        nxt = list(nxt)
+        # a carry passed through, swapped or taken from a scanned row would be an output
+        # aliasing an input: a copy of it (as the unrolled loop's rebinding costs nothing,
+        # this is one more copy per step, only in such bodies). Under TorchDynamo (a body
+        # that closes over a module) only the same tensor is recognized.
+        seen = list(c) + list(r) + held
+        same = _same if torch.compiler.is_compiling() else _aliases
+        for i, v in enumerate(nxt):
+            if isinstance(v, torch.Tensor) and any(same(v, o) for o in seen + nxt[:i]):
+                nxt[i] = v.clone()
         # each row appended is copied, as torch.stack copies it after the unrolled loop
         # (and a scan's outputs must not alias one another)
-        return list(nxt), [y.clone() if isinstance(y, torch.Tensor) else y for y in out]
+        return nxt, [y.clone() if isinstance(y, torch.Tensor) else y for y in out]
     try:
         # forward only (the training step traces loops as written): without autograd the
         # scan skips building its joint backward graph, most of its tracing time
         with torch.no_grad():
-            direct = _direct(step, body, list(carries), rows)
+            direct = _direct(step, body, carries, rows)
             if direct is not None:
                 final, ys = direct
             else:
-                final, ys = scan(step, list(carries), rows)
+                final, ys = scan(step, carries, rows)
     except Exception as e:  # noqa: BLE001 - a body scan cannot take: the loop runs unrolled
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return refuse(f"scan does not take its body ({type(e).__name__}: {first[:160]})")

@@ -90,12 +90,9 @@ def scan_rule(ctx: OpCtx) -> None:
     line = sources[scans.index(node)] if len(sources) == len(scans) else group[2]
     low._cur_group = (group[0], group[1], line)
     # histories of the carries, row 0 the initial value
-    hist = []
-    for i, (c, cn) in enumerate(zip(init, init_nodes)):
-        h = low.new_base(f"{node.name}_carry{i}", (steps + 1,) + c.shape, c.dtype)
-        if not _written_into(low, node, cn, c, h):
-            _copy(ctx, h, [Aff.lit(0)], c, [], None)
-        hist.append(h)
+    before = len(low.kernels)
+    hist = [low.new_base(f"{node.name}_carry{i}", (steps + 1,) + c.shape, c.dtype)
+            for i, c in enumerate(init)]
     ys = []
     for j, y in enumerate(val[ncar:]):
         ys.append(low.new_base(f"{node.name}_ys{j}", tuple(int(s) for s in y.shape), _dtype(y)))
@@ -118,16 +115,13 @@ def scan_rule(ctx: OpCtx) -> None:
     low.scan_loop, saved_prefix = loop, low.group_prefix
     low.group_prefix = f"{node.name}."
     low.scan_src = line
-    unsupported = len(low.unsupported)
     try:
+        # an operator of the body no rule lowers is named unsupported by its own node, and
+        # stays in the loop as an opaque kernel (its operands read, its result written,
+        # every step), as it would unrolled
         for n in gm.graph.nodes:
             if n.op == "call_function":
                 low.lower_node(n)
-                if len(low.unsupported) > unsupported:
-                    u = low.unsupported[unsupported]
-                    del low.unsupported[unsupported:]
-                    raise LoweringError(f"its body's {u.operator} ({u.source or 'unknown source'}) is "
-                                        f"not lowered: {u.reason}")
             elif n.op == "get_attr":
                 low.env[n] = getattr(gm, n.target)
     finally:
@@ -141,7 +135,7 @@ def scan_rule(ctx: OpCtx) -> None:
         v = low.env[o]
         if (isinstance(v, View) and v.is_full and v.base not in born and v.base not in standin
                 and v.base not in renamed and v.base not in low.flat
-                and v.shape == dst.shape[1:]):
+                and low.tensors[v.base].role == "intermediate" and v.shape == dst.shape[1:]):
             renamed[v.base] = (dst, prefix)
         else:
             copies.append((dst, prefix, v))
@@ -161,6 +155,19 @@ def scan_rule(ctx: OpCtx) -> None:
     low._cur_group = group
     for name in table:
         low.tensors.pop(name, None)
+    # last, when nothing can fail any more (a failed rule is rolled back, which cannot undo
+    # this): each initial carry written into the history's row 0 by the kernels that made
+    # it, or copied there in front of the loop
+    low._cur_group = (group[0], group[1], line)
+    for i, (c, cn, h) in enumerate(zip(init, init_nodes, hist)):
+        if not _written_into(low, node, cn, c, h):
+            n0 = len(low.kernels)
+            _copy(ctx, h, [Aff.lit(0)], c, [], None)
+            made = low.kernels[n0:]
+            del low.kernels[n0:]
+            low.kernels[before:before] = made
+            before += len(made)
+    low._cur_group = group
     finals = [View(h.base, h.meta[steps], h.base_shape) for h in hist]
     ctx.bind(finals + ys)
 
