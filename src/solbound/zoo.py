@@ -195,8 +195,8 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
         for k, v in values.items():
             if _TOPK.fullmatch(k) and v is None:
                 put(k, EXPERTS_PER_TOKEN)
-    elif any(_EXPERTS.fullmatch(k) and v is None for k in values for v in [values[k]]) \
-            and any(_TOPK.fullmatch(k) and values[k] is None for k in values):
+    elif any(_EXPERTS.fullmatch(k) and v is None for k, v in values.items()) \
+            and any(_TOPK.fullmatch(k) and v is None for k, v in values.items()):
         for k, v in values.items():
             if v is None and _EXPERTS.fullmatch(k):
                 put(k, EXPERTS)

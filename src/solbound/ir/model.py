@@ -246,6 +246,24 @@ def subst_expr(e: Expr, mapping: dict[str, Aff]) -> Expr:
     return e
 
 
+def map_accesses(e: Expr, fn) -> Expr:
+    """``e`` with every access ``x`` replaced by ``fn(x)`` (indices of nested accesses
+    rewritten first)."""
+    if isinstance(e, Access):
+        idx = tuple(map_accesses(i, fn) if isinstance(i, Access) else i for i in e.index)
+        return fn(Access(e.tensor, idx))
+    if isinstance(e, Call):
+        return Call(e.op, tuple(map_accesses(a, fn) for a in e.args))
+    return e
+
+
+def map_kernel_accesses(k: "Kernel", fn, **kw) -> "Kernel":
+    """``k`` with every access it reads or writes replaced by ``fn(access)`` (see
+    :func:`map_accesses`), and the fields ``kw`` changed."""
+    out = map_accesses(Access(k.out, k.out_index), fn)
+    return replace(k, out=out.tensor, out_index=out.index, body=map_accesses(k.body, fn), **kw)
+
+
 def rename_tensors(e: Expr, mapping: dict[str, str]) -> Expr:
     if isinstance(e, Access):
         return Access(mapping.get(e.tensor, e.tensor),

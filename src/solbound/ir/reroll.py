@@ -75,7 +75,8 @@ import re
 from dataclasses import dataclass, field, replace
 
 from .affine import Aff
-from .model import EXTERNAL_ROLES, Access, Call, Kernel, Program, TensorDecl, kernel_reads
+from .model import (EXTERNAL_ROLES, Access, Call, Kernel, Program, TensorDecl, kernel_reads,
+                    map_kernel_accesses)
 from .text import fresh_name
 
 
@@ -192,22 +193,6 @@ def _match_kernel(a: Kernel, b: Kernel, sigma: dict[str, str], lv: Aff) -> Kerne
 
 # ----------------------------------------------------------------------------
 # rewriting accesses
-
-
-def _rewrite(e, fn):
-    """``e`` with every access ``x`` replaced by ``fn(x)`` (indices of nested accesses
-    rewritten first)."""
-    if isinstance(e, Access):
-        idx = tuple(_rewrite(i, fn) if isinstance(i, Access) else i for i in e.index)
-        return fn(Access(e.tensor, idx))
-    if isinstance(e, Call):
-        return Call(e.op, tuple(_rewrite(a, fn) for a in e.args))
-    return e
-
-
-def _rewrite_kernel(k: Kernel, fn, **kw) -> Kernel:
-    out = _rewrite(Access(k.out, k.out_index), fn)
-    return replace(k, out=out.tensor, out_index=out.index, body=_rewrite(k.body, fn), **kw)
 
 
 def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
@@ -397,9 +382,9 @@ def reroll(program: Program, copies: list[list[int]], trip: int | None = None,
         if kk.out2 is not None and body_map.get(kk.out2, (kk.out2, None))[1] is not None:
             raise RerollError(f"kernel {kk.name}: its second output {kk.out2} would need "
                               f"the loop's index")
-        body.append(_rewrite_kernel(kk, in_body, loop=loop))
-    prefix = [_rewrite_kernel(kk, out_of_loop) for kk in ks[:start]]
-    suffix = [_rewrite_kernel(kk, out_of_loop) for kk in ks[end:]]
+        body.append(map_kernel_accesses(kk, in_body, loop=loop))
+    prefix = [map_kernel_accesses(kk, out_of_loop) for kk in ks[:start]]
+    suffix = [map_kernel_accesses(kk, out_of_loop) for kk in ks[end:]]
     # each new tensor takes the place of the declaration of its first member
     first_member = {images[slot][0]: d for slot, d in new_decls.items()}
     decls = [first_member.get(d.name, d) for d in program.tensors
@@ -428,7 +413,7 @@ def one_iteration(kernels, tensors: dict[str, TensorDecl], it: int = 0):
     out = []
     for k in kernels:
         var = k.loop[0]
-        k = _rewrite_kernel(k, lambda a, var=var: fn(var, a))
+        k = map_kernel_accesses(k, lambda a, var=var: fn(var, a))
         out.append(k.bind_loop(it))
     return out, sliced
 
@@ -472,7 +457,7 @@ def extend(program: Program, loops: set[int], traced: int, trip: int, stacked: s
                                   f"past the copies traced")
             return a
         loop = (k.loop[0], trip, k.loop[2]) if var is not None else k.loop
-        return _rewrite_kernel(k, fn, loop=loop)
+        return map_kernel_accesses(k, fn, loop=loop)
     decls = []
     for d in program.tensors:
         if d.name in names:

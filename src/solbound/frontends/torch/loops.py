@@ -20,9 +20,11 @@ A loop qualifies when it reads, statically (the AST of the function's source):
 * names the body reads before it assigns them are the carries; names it assigns
   otherwise are private to one iteration and must not be read after the loop (nor may
   the loop variable);
-* every accumulator starts empty and is used after the loop however the program likes
-  (``torch.stack(acc, dim)`` and ``torch.cat(acc, dim)`` become a view or a reshape of
-  the stacked rows; anything else sees a sequence of the rows).
+* every accumulator is a list the same function makes empty before the loop and reads
+  after it only as ``torch.stack(acc, dim)``, ``torch.cat(acc, dim)`` (which become a
+  view or a reshape of the stacked rows) or ``len(acc)``;
+* liveness, accumulators and the rest are checked on every path control can take after
+  the loop (the next pass of an enclosing loop, an exception handler).
 
 and, when it runs (:func:`scan_loop`): the carries and the indexed tensors are tensors,
 each indexed tensor is ``n`` long on its indexed dimension, the accumulators are empty
@@ -211,11 +213,6 @@ def _check_accumulators(accs: list[str], before: list[ast.stmt],
                 if isinstance(st, ast.Assign) and any(
                         isinstance(t, ast.Name) and t.id == a for t in st.targets):
                     break                       # bound again: the rows are not read after
-                if not isinstance(st, ast.Assign) and any(
-                        isinstance(n, ast.Name) and n.id == a for n in ast.walk(st)
-                        if id(n) not in ok):
-                    raise _Refuse(f"the list {a} is used after the loop other than by "
-                                  f"torch.stack, torch.cat or len")
 
 
 def _over_range(loop: ast.For) -> bool:
@@ -513,8 +510,9 @@ def _scan_accs(call: ast.Call) -> list[str]:
 
 
 class Stacked:
-    """The rows a scan stacked (``ys[t]`` is what iteration ``t`` appended), seen as the
-    list the loop would have built."""
+    """The rows a scan stacked (``ys[t]`` is what iteration ``t`` appended), in place of
+    the list the loop would have built: read only by :func:`stack`, :func:`cat` and
+    ``len`` (``_check_accumulators``)."""
 
     def __init__(self, ys: torch.Tensor):
         self.ys = ys
@@ -522,28 +520,24 @@ class Stacked:
     def __len__(self) -> int:
         return self.ys.shape[0]
 
-    def __getitem__(self, i):
-        return list(self.ys.unbind(0))[i] if isinstance(i, slice) else self.ys[i]
 
-    def __iter__(self):
-        return iter(self.ys.unbind(0))
-
-
-def stack(tensors, dim: int = 0, *, out=None):
-    if isinstance(tensors, Stacked) and out is None:
+def stack(tensors, dim: int = 0):
+    """``torch.stack`` of an accumulator: the stacked rows moved to ``dim`` (the list
+    itself when the loop ran unrolled)."""
+    if isinstance(tensors, Stacked):
         nd = tensors.ys.dim()
         return tensors.ys.movedim(0, dim if dim >= 0 else nd + dim)
-    return torch.stack(list(tensors), dim, out=out) if out is not None else torch.stack(list(tensors), dim)
+    return torch.stack(tensors, dim)
 
 
-def cat(tensors, dim: int = 0, *, out=None):
-    if isinstance(tensors, Stacked) and out is None:
+def cat(tensors, dim: int = 0):
+    """``torch.cat`` of an accumulator: the stacked rows merged into ``dim``."""
+    if isinstance(tensors, Stacked):
         ys = tensors.ys
-        nd = ys.dim() - 1
-        d = dim if dim >= 0 else nd + dim
+        d = dim if dim >= 0 else ys.dim() - 1 + dim
         moved = ys.movedim(0, d)               # [..., n, size_d, ...]
         return moved.reshape(*moved.shape[:d], -1, *moved.shape[d + 2:])
-    return torch.cat(list(tensors), dim, out=out) if out is not None else torch.cat(list(tensors), dim)
+    return torch.cat(tensors, dim)
 
 
 def unrolled(where: str, why: str) -> None:
@@ -643,7 +637,7 @@ def scan_loop(body, rng, carries: tuple, xs: tuple, accs: tuple, where: str):
     from torch._higher_order_ops.scan import scan
 
     def refuse(why: str):
-        NOTES.append(f"the Python loop at {where} is unrolled: {why}")
+        unrolled(where, why)
         return None
     if not isinstance(rng, range) or rng.start != 0 or rng.step != 1:
         return refuse("not a loop over range(n)")
@@ -661,13 +655,11 @@ def scan_loop(body, rng, carries: tuple, xs: tuple, accs: tuple, where: str):
         rows.append(x.movedim(d, 0))
     # a scan's inputs must not share memory (h = h0 with h0 also read in the body, the
     # same tensor as two carries): such an initial carry is copied, once
+    held = _closure_tensors(body)
     carries = list(carries)
     for i, c in enumerate(carries):
-        others = carries[:i] + rows + [v for v in _closure_tensors(body)]
-        if any(_aliases(c, o) for o in others):
+        if any(_aliases(c, o) for o in carries[:i] + rows + held):
             carries[i] = c.clone()
-
-    held = _closure_tensors(body)
 
     def step(c, r):
         nxt, out = body(tuple(c), tuple(r))
@@ -726,9 +718,8 @@ def _functions_of(model) -> list[types.FunctionType]:
         f, depth = todo.pop()
         if isinstance(f, (staticmethod, classmethod)):
             f = f.__func__
-        while hasattr(f, "__wrapped__") and isinstance(f, types.FunctionType):
+        if isinstance(f, types.FunctionType) and hasattr(f, "__wrapped__"):
             todo.append((f.__wrapped__, depth))
-            break
         if not isinstance(f, types.FunctionType) or id(f) in seen:
             continue
         seen.add(id(f))

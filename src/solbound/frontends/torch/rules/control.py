@@ -14,35 +14,16 @@ stacked output itself; the unrolled loop moves the same bytes.
 
 from __future__ import annotations
 
-import torch
-
 from ....ir.affine import Aff
-from ....ir.model import Access, Kernel, kernel_reads
-from ..lower import KernelBuilder, LoweringError, OpCtx, View, rule
+from ....ir.model import Access, Kernel, kernel_reads, map_kernel_accesses
+from ..lower import TORCH_DTYPES, KernelBuilder, LoweringError, OpCtx, View, rule
 
 
-def _copy(ctx: OpCtx, dst: View, dst_index_prefix, src: View, src_prefix, loop) -> None:
-    """``dst[prefix, d...] = src[prefix', d...]`` (one kernel, in ``loop`` if given)."""
-    shape = src.shape[len(src_prefix):]
-    kb = KernelBuilder(ctx.low, [(f"d{i}", n) for i, n in enumerate(shape)])
-    idx = [Aff.var(f"d{i}") for i in range(len(shape))]
-    body = kb.load(src, list(src_prefix) + idx)
-    ctx.emit(kb, dst, list(dst_index_prefix) + idx, body, loop=loop)
-
-
-def _rewrite_access(a: Access, subst) -> Access:
-    index = tuple(_rewrite_access(i, subst) if isinstance(i, Access) else i for i in a.index)
-    a = Access(a.tensor, index) if index != a.index else a
-    return subst(a) if a.tensor in subst.names else a
-
-
-def _rewrite_expr(e, subst):
-    from ....ir.model import Call
-    if isinstance(e, Access):
-        return _rewrite_access(e, subst)
-    if isinstance(e, Call):
-        return Call(e.op, tuple(_rewrite_expr(a, subst) for a in e.args))
-    return e
+def _copy(ctx: OpCtx, dst: View, prefix, src: View, loop) -> None:
+    """``dst[prefix, d...] = src[d...]`` (one kernel, in ``loop`` if given)."""
+    kb = KernelBuilder(ctx.low, [(f"d{i}", n) for i, n in enumerate(src.shape)])
+    idx = [Aff.var(f"d{i}") for i in range(src.ndim)]
+    ctx.emit(kb, dst, list(prefix) + idx, kb.load(src, idx), loop=loop)
 
 
 class _Subst:
@@ -51,9 +32,10 @@ class _Subst:
 
     def __init__(self, low, table: dict[str, tuple[View, list]], dims):
         self.low, self.table, self.dims = low, table, dims
-        self.names = set(table)
 
     def __call__(self, a: Access) -> Access:
+        if a.tensor not in self.table:
+            return a
         view, prefix = self.table[a.tensor]
         kb = KernelBuilder(self.low, list(self.dims))
         got = kb.load(view, list(prefix) + list(a.index))
@@ -66,7 +48,7 @@ class _Subst:
 def scan_rule(ctx: OpCtx) -> None:
     low = ctx.low
     node = ctx.node
-    gm_node, init_nodes, xs_nodes, add_nodes = node.args[:4]
+    gm_node, init_nodes = node.args[:2]
     if low.scan_loop is not None:
         raise LoweringError("a scan inside a scan body")
     gm = getattr(low.ep.graph_module, gm_node.target)
@@ -95,7 +77,8 @@ def scan_rule(ctx: OpCtx) -> None:
             for i, c in enumerate(init)]
     ys = []
     for j, y in enumerate(val[ncar:]):
-        ys.append(low.new_base(f"{node.name}_ys{j}", tuple(int(s) for s in y.shape), _dtype(y)))
+        ys.append(low.new_base(f"{node.name}_ys{j}", tuple(int(s) for s in y.shape),
+                               TORCH_DTYPES[y.dtype]))
     loop = low.new_loop("ts", steps)
     ts = Aff.var("ts")
     # stand-ins for what the body reads per iteration
@@ -151,7 +134,7 @@ def scan_rule(ctx: OpCtx) -> None:
         # a row the body did not compute into: its own operator, once per iteration, as
         # the unrolled loop's ``torch.stack`` of the rows (or its carry assignment) is
         low._cur_group = (f"{group[0]}.row{j}", "aten.stack", line)
-        _copy(ctx, dst, prefix, v, [], loop)
+        _copy(ctx, dst, prefix, v, loop)
     low._cur_group = group
     for name in table:
         low.tensors.pop(name, None)
@@ -162,7 +145,7 @@ def scan_rule(ctx: OpCtx) -> None:
     for i, (c, cn, h) in enumerate(zip(init, init_nodes, hist)):
         if not _written_into(low, node, cn, c, h):
             n0 = len(low.kernels)
-            _copy(ctx, h, [Aff.lit(0)], c, [], None)
+            _copy(ctx, h, [Aff.lit(0)], c, None)
             made = low.kernels[n0:]
             del low.kernels[n0:]
             low.kernels[before:before] = made
@@ -197,24 +180,12 @@ def _written_into(low, scan, init_node, c: View, h: View) -> bool:
     return True
 
 
-def _dtype(t: torch.Tensor) -> str:
-    from ..lower import TORCH_DTYPES
-    return TORCH_DTYPES[t.dtype]
-
-
 def _in_loop(low, k: Kernel, table) -> Kernel:
     """A body kernel with its stand-ins and renamed tensors replaced by the loop's rows."""
-    subst = _Subst(low, table, k.dims)
-    body = _rewrite_expr(k.body, subst)
-    out, out_index = k.out, k.out_index
-    if out in table:
-        view, prefix = table[out]
-        if view.shape[len(prefix):] != low.tensors[out].shape:
+    if k.out in table:
+        view, prefix = table[k.out]
+        if view.shape[len(prefix):] != low.tensors[k.out].shape:
             raise LoweringError("internal: a scan output row of another shape")
-        got = subst(Access(out, tuple(out_index)))
-        out, out_index = got.tensor, got.index
     if k.out2 is not None and k.out2 in table:
         raise LoweringError("a scan carry written as an arg-max's second output")
-    out_index = tuple(_rewrite_access(i, subst) if isinstance(i, Access) else i
-                      for i in out_index)
-    return k.with_(out=out, out_index=out_index, body=body)
+    return map_kernel_accesses(k, _Subst(low, table, k.dims))
