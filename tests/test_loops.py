@@ -152,6 +152,8 @@ class Model(nn.Module):
         self.h2o = nn.Linear(h, o)
 
     def forward(self, x, h0):
+        """A docstring of two lines,
+        indented as a method's is."""
         hidden = h0
         outputs = []
         for t in range(x.shape[0]):
@@ -178,7 +180,7 @@ def test_a_kernelbench_style_file_scans_its_time_loop(tmp_path):
     f.write_text(RNN_FILE)
     rep = solbound.analyze_source(str(f), arch="h100-sxm", validate=True)
     assert rep.validation["status"] == "passed"
-    assert any("rnn.py:14 (Model.forward) is one scan of 9 iterations" in n
+    assert any("rnn.py:16 (Model.forward) is one scan of 9 iterations" in n
                for n in rep.program.notes), rep.program.notes
     assert len(_looped(rep)) == 1
     T, B, I, H, O = 9, 2, 5, 4, 3

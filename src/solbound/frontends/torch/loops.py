@@ -40,7 +40,6 @@ import contextvars
 import copy
 import inspect
 import os
-import textwrap
 import types
 from dataclasses import dataclass
 
@@ -419,9 +418,16 @@ def rewritten(fn: types.FunctionType) -> types.CodeType | None:
     _CACHE[code] = None
     try:
         lines, first = inspect.getsourcelines(fn)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
+        src = "".join(lines)
+        # a method's source parsed at its own indentation (under ``if 1:``), not dedented:
+        # dedenting would change its docstring, a constant of the code
+        nested = src[:1].isspace()
+        tree = ast.parse("if 1:\n" + src if nested else src)
     except (OSError, TypeError, SyntaxError, IndentationError):
         return None
+    if nested:
+        tree.body = tree.body[0].body
+        ast.increment_lineno(tree, -1)
     fdef = tree.body[0] if tree.body else None
     if not isinstance(fdef, ast.FunctionDef) or fdef.name != code.co_name:
         return None
