@@ -72,6 +72,40 @@ def test_the_shrinker_keeps_what_a_config_requires():
             m.model(*m.inputs)               # the default call runs in eager PyTorch
 
 
+def test_the_shrinker_rederives_sizes_and_retries_wider_or_deeper():
+    """Sizes a config class computes in ``__post_init__`` from the model width, and which
+    are no fields of it (Zamba 2's attention and Mamba head sizes), are re-derived from the
+    shrunk width rather than shrunk on their own; a layer count named ``num_blocks``
+    (xLSTM) is a layer count. A model whose default call fails at the narrowest widths is
+    built again wider (xLSTM rounds its key width up to a multiple of 64 in its config
+    but not in its layers: 64 wide fails, 128 runs), and one that does not build with one
+    layer of each kind gets every kind twice (Zamba ties its shared block across hybrid
+    layers and refuses a single one)."""
+    b = zoo.build("zamba2")
+    c = b.config
+    assert c.hidden_size == 64 and c.attention_hidden_size == 2 * c.hidden_size
+    assert c.attention_head_dim == 2 * c.hidden_size // c.num_attention_heads == 32
+    assert c.mamba_headdim == int(c.mamba_expand * c.hidden_size) // c.n_mamba_heads == 32
+    assert c.layers_block_type == ["linear_attention", "hybrid"] and c.hybrid_layer_ids == [1]
+    b2 = zoo.build("xlstm")
+    c2 = b2.config
+    assert (c2.num_hidden_layers, c2.num_blocks, c2.hidden_size) == (2, 2, 128)
+    assert b2.changed["hidden_size"] == (4096, 128)
+    with pytest.raises(ValueError, match="matC_old has wrong shape"):
+        small = zoo._build_one(type(b2.model), b2.arch, type(c2)(), "causal-lm", "xlstm", 1, 1)
+        with torch.no_grad():
+            small.model(*small.inputs)
+    b3 = zoo.build("zamba")
+    c3 = b3.config
+    assert c3.num_hidden_layers == 4
+    assert c3.layers_block_type == ["linear_attention", "hybrid"] * 2
+    with pytest.raises(zoo.ShrinkError, match="tie_weights_keys"):
+        zoo._build_one(type(b3.model), b3.arch, type(c3)(), "causal-lm", "zamba", 1, 1)
+    for m in (b, b2, b3):
+        with torch.no_grad():
+            m.model(*m.inputs)               # the default call runs in eager PyTorch
+
+
 @pytest.mark.parametrize("model_type", SAMPLE)
 def test_a_registered_architecture_called_with_its_defaults(model_type):
     b = zoo.build(model_type)

@@ -7,7 +7,9 @@ recursively through sub-configs (``text_config``, ``vision_config``, encoder/dec
 configs). ``build(arch, task)`` constructs the registered model class for that task with
 random weights from the shrunk default config, and the inputs a user would call it with
 (token ids; decoder ids for sequence-to-sequence; pixels for vision), called with its
-defaults: no wrapper, no ``use_cache=False``.
+defaults: no wrapper, no ``use_cache=False``. Where that call fails at the narrowest widths,
+or the model does not build with one layer of each kind, ``build`` retries wider (width caps
+doubled, then doubled again, never over 256) and then with every kind of layer twice.
 
     >>> from transformers import LlamaConfig
     >>> small, changed = shrink_config(LlamaConfig())
@@ -46,7 +48,7 @@ TASKS = {
 
 # field names by what they mean (matched on the whole name)
 _LAYERS = re.compile(r"(num_)?(hidden_|encoder_|decoder_|text_|vision_)?(layers|n_layers?|"
-                     r"num_hidden_layers|layer_count|depth)")
+                     r"num_hidden_layers|num_blocks|layer_count|depth)")
 _KV_HEADS = re.compile(r"(num_)?(key_value|kv)_heads|n_kv_heads?|num_kv_heads|multi_query_group_num")
 _HEADS = re.compile(r"(.*_)?(n_)?heads?")
 _HEAD_DIM = re.compile(r"(head_dim|attention_head_size|kv_channels|qk_head_dim|v_head_dim|"
@@ -83,7 +85,12 @@ class Built:
 
 
 class ShrinkError(Exception):
-    """A config the shrinker cannot make small, or a model class it cannot build."""
+    """A config the shrinker cannot make small, or a model class it cannot build;
+    ``default_broken`` when transformers' own default config does not build it either."""
+
+    def __init__(self, message: str, default_broken: bool = False):
+        super().__init__(message)
+        self.default_broken = default_broken
 
 
 def _heads(n: int) -> int:
@@ -95,12 +102,16 @@ _CAPS = ((_LAYERS, LAYERS), (_HEAD_DIM, HEAD_DIM), (_HIDDEN, HIDDEN), (_FFN, FFN
          (_EXPERTS, EXPERTS), (_TOPK, EXPERTS_PER_TOKEN), (_VOCAB, VOCAB))
 
 
-def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+def shrink_values(values: dict, prefix: str = "", wider: int = 1,
+                  repeat: int = 1) -> dict[str, tuple[Any, Any]]:
     """The overrides for one config's fields: ``{field: (default, shrunk)}``.
 
     Heads first (key/value heads keep their ratio to query heads), then the widths they
-    must divide; any other integer width field over 256 is halved until it fits."""
+    must divide; any other integer width field over 256 is halved until it fits.
+    ``wider`` multiplies the caps of head size, model width and feed-forward width, and
+    ``repeat`` the layers kept (see ``build``)."""
     out: dict[str, tuple[Any, Any]] = {}
+    caps = tuple((pat, min(c * wider, WIDTH_MAX) if pat in (_HEAD_DIM, _HIDDEN, _FFN) else c) for pat, c in _CAPS)
 
     def put(k, v):
         if values[k] != v:
@@ -120,7 +131,7 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     for k, v in ints.items():
         if k in out or v <= 0:
             continue
-        cap = next((c for pat, c in _CAPS if pat.fullmatch(k)), None)
+        cap = next((c for pat, c in caps if pat.fullmatch(k)), None)
         if cap is not None:
             put(k, min(v, cap))
         elif _GROUPS.fullmatch(k):
@@ -182,6 +193,14 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
             kinds_n *= 2
             for k in layer_keys:
                 out[k] = (out[k][0], kinds_n)
+        # the layers twice over (``repeat``, see ``build``): each per-layer list repeated
+        if repeat > 1:
+            for k, v in values.items():
+                if isinstance(v, list) and len(v) == old_n and k in out:
+                    put(k, out[k][1] * repeat)
+            kinds_n *= repeat
+            for k in layer_keys:
+                out[k] = (out[k][0], kinds_n)
         # settings per layer index ({25: {...}, 26: {...}}): those of the layers kept
         for k, v in values.items():
             if isinstance(v, dict) and v and all(str(x).isdigit() for x in v) \
@@ -236,7 +255,7 @@ def shrink_values(values: dict, prefix: str = "") -> dict[str, tuple[Any, Any]]:
     return out
 
 
-def shrink_config(cfg) -> tuple[Any, dict]:
+def shrink_config(cfg, wider: int = 1, repeat: int = 1) -> tuple[Any, dict]:
     """A small copy of a transformers config (see the module docstring) and what changed,
     ``{"field" or "sub.field": (default, shrunk)}``. Sub-configs shrink by the same rule."""
     from transformers import PretrainedConfig
@@ -253,8 +272,17 @@ def shrink_config(cfg) -> tuple[Any, dict]:
         derived = {k for k, d in _class_defaults(type(c)).items()
                    if (d is None or isinstance(d, str)) and values.get(k) is not d
                    and not isinstance(values.get(k), str) and _SIZED(k, values.get(k))}
+        # ... and so is a sized attribute that is no field of the class at all, which its
+        # __post_init__ computes (Zamba 2's attention and Mamba head sizes from the model
+        # width): passed back as a keyword, it would override the derivation afterwards
+        # (sizes only: counts of layers, heads, experts and tokens stay the shrinker's)
+        fields = _class_fields(type(c))
+        if fields is not None:
+            derived |= {k for k, v in values.items() if k not in fields and k not in subs
+                        and not isinstance(v, (str, dict)) and _SIZED(k, v)
+                        and not any(p.fullmatch(k) for p in _COUNTS)}
         over = shrink_values({k: v for k, v in values.items()
-                              if k not in subs and k not in derived}, prefix)
+                              if k not in subs and k not in derived}, prefix, wider, repeat)
         changed.update({prefix + k: v for k, v in over.items()})
         kwargs = {k: v for k, v in values.items()
                   if k not in derived and k not in subs
@@ -303,6 +331,15 @@ def _SIZED(k: str, v) -> bool:
         return not (v and all(isinstance(x, str) for x in v))
     return any(p.fullmatch(k) for p in (_LAYERS, _KV_HEADS, _HEADS, _HEAD_DIM, _HIDDEN, _FFN,
                                         _EXPERTS, _TOPK, _GROUPS, _VOCAB, _WIDTHLIKE))
+
+
+_COUNTS = (_LAYERS, _KV_HEADS, _HEADS, _EXPERTS, _TOPK, _GROUPS, _VOCAB, _SHARED)
+
+
+def _class_fields(cls) -> set[str] | None:
+    """The fields a dataclass config declares (its own and its bases'); None otherwise."""
+    import dataclasses
+    return {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else None
 
 
 def _class_defaults(cls) -> dict:
@@ -356,7 +393,6 @@ def build(model_type: str, task: str = "causal-lm") -> Built:
     """The registered ``task`` model for ``model_type``, small, random weights, eval mode."""
     import torch
     from transformers import AutoConfig
-    from transformers.models.auto import modeling_auto
     import transformers
     names = dict(registry(task))
     if model_type not in names:
@@ -375,7 +411,36 @@ def build(model_type: str, task: str = "causal-lm") -> Built:
     except Exception as e:  # noqa: BLE001
         raise ShrinkError(f"{model_type}: the default config does not construct: "
                           f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
-    cfg, changed = shrink_config(default)
+    # the narrowest widths and fewest layers first. A model that does not build or whose
+    # default call fails there is built again with the width caps doubled, then doubled
+    # again (never over 256: xLSTM's config rounds its key width up to a multiple of 64
+    # while its layers do not), then with every kind of layer twice (Zamba ties one
+    # shared block's weights across its hybrid layers and refuses a single one)
+    first, error = None, None
+    for wider, repeat in ((1, 1), (2, 1), (4, 1), (1, 2)):
+        try:
+            built = _build_one(cls, cls_name, default, task, model_type, wider, repeat)
+        except ShrinkError as e:
+            if e.default_broken:         # no shrinking can help
+                raise
+            error = error or e
+            continue
+        first = first or built
+        try:
+            with torch.no_grad():
+                built.model(*built.inputs)
+        except Exception:  # noqa: BLE001 - the caller reports the default call's failure
+            continue
+        # the model returned has never been called (no state a call may have left)
+        return _build_one(cls, cls_name, default, task, model_type, wider, repeat)
+    if first is None:
+        raise error
+    return first
+
+
+def _build_one(cls, cls_name, default, task, model_type, wider, repeat) -> Built:
+    import torch
+    cfg, changed = shrink_config(default, wider, repeat)
     # a causal LM is a decoder: the encoder families registered for the task (BERT,
     # RoBERTa, X-MOD, Reformer) ask their users to say so, and refuse or warn without it
     if task == "causal-lm" and getattr(cfg, "is_decoder", None) is False:
@@ -392,12 +457,12 @@ def build(model_type: str, task: str = "causal-lm") -> Built:
         except Exception as e2:  # noqa: BLE001 - transformers' own default does not build
             raise ShrinkError(f"{cls_name}: transformers' default {type(default).__name__} does "
                               f"not build the model either: {type(e2).__name__}: "
-                              f"{(str(e2).splitlines() or [''])[0][:200]}") from None
+                              f"{(str(e2).splitlines() or [''])[0][:200]}",
+                              default_broken=True) from None
         raise ShrinkError(f"{cls_name}: does not build from the shrunk config: {why}") from None
     # a model over several languages (X-MOD) is called after its user picks one: the first
     langs = getattr(cfg, "languages", None)
     if hasattr(model, "set_default_language") and langs:
         model.set_default_language(list(langs)[0])
     inputs = _inputs(task, cfg, model)
-    del modeling_auto
     return Built(cls_name, model_type, task, model, inputs, cfg, changed)
