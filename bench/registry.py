@@ -53,6 +53,18 @@ def one(task: str, model_type: str, validate: bool = True) -> dict:
         except Exception as e2:  # noqa: BLE001
             rec.update(stage="eager", error=f"the shrunk model's default call fails in eager PyTorch too: "
                                             f"{oneline(e2)}")
+            # ... and so does transformers' own default config at full size (on the meta
+            # device: no memory), the same way? Then no shrinking can make it run
+            try:
+                with torch.device("meta"):
+                    full = type(b.model)(b.default).eval()
+                    args = tuple(torch.zeros(x.shape, dtype=x.dtype) for x in b.inputs)
+                with torch.no_grad():
+                    full(*args)
+            except Exception as e3:  # noqa: BLE001
+                if type(e3) is type(e2) and str(e3).split("\n")[0] == str(e2).split("\n")[0]:
+                    rec.update(stage="upstream", error=f"transformers' own default config, full size, "
+                                                       f"fails the same way: {oneline(e2)}")
         return rec
     rec.update(macs=rep.counts.macs, flops=sum(rep.counts.flops.values()),
                fused_bytes=rep.counts.fused.bytes, kernels=len(rep.program.kernels),
@@ -122,7 +134,15 @@ def summary(recs: list[dict]) -> str:
         lines.append(f"| {task} | {len(rs)} | {len(analyzed)} ({100 * len(analyzed) / len(rs):.0f}%) "
                      f"| {len(validated)} ({100 * len(validated) / len(rs):.0f}%) |")
     head = "| task | tried | analyzed, nothing unsupported | validated |\n|---|---|---|---|\n"
-    return head + "\n".join(lines)
+    upstream = []
+    for task in sorted({r["task"] for r in recs}):
+        n = sum(1 for r in recs if r["task"] == task and r["status"] == "error"
+                and (r.get("stage") == "upstream" or "transformers' default" in r.get("error", "")))
+        if n:
+            upstream.append(f"{task}: {n} of {sum(r['task'] == task for r in recs)} fail in "
+                            f"transformers' own default config (it does not build, or its default "
+                            f"call fails at full size)")
+    return head + "\n".join(lines) + ("\n\n" + "\n".join(upstream) if upstream else "")
 
 
 def failures(recs: list[dict]) -> str:

@@ -82,6 +82,7 @@ class Built:
     inputs: tuple
     config: Any
     changed: dict       # field -> (default, shrunk)
+    default: Any = None  # transformers' own default config, unshrunk
 
 
 class ShrinkError(Exception):
@@ -465,4 +466,4 @@ def _build_one(cls, cls_name, default, task, model_type, wider, repeat) -> Built
     if hasattr(model, "set_default_language") and langs:
         model.set_default_language(list(langs)[0])
     inputs = _inputs(task, cfg, model)
-    return Built(cls_name, model_type, task, model, inputs, cfg, changed)
+    return Built(cls_name, model_type, task, model, inputs, cfg, changed, default)
