@@ -247,6 +247,24 @@ case("reshape-interleave-offset", lambda s, x: (x.t() + 1).reshape(-1)[3:].resha
      [((4, 7),), ((6, 3),)])
 case("argmax-flat-window", lambda s, x: torch.max(x, -1)[1].reshape(-1)[2:9].float() * 2
      + torch.max(x, -1)[0].reshape(-1)[1:8], [((4, 5, 3),), ((3, 3, 2),)])
+# a window at an offset within a row, whose terms each fit the row but together carry
+# into the next one: only the flat storage is affine (it was read past the row's end)
+case("window-carries-into-next-row", lambda s, x: x.reshape(-1)[6:22].view(2, 8) * 2,
+     [((2, 16),), ((4, 8),)])
+
+
+def _heads_at_offset(x):
+    """JetMoE's attention experts: rows gathered back by a data-dependent ``index_add``,
+    then viewed as heads of 4 several to a row, each head's second half at an offset."""
+    t, d = x.shape
+    idx = torch.argsort(torch.cat([x[:, 0], x[:, 1]]))      # a permutation of 2t rows
+    z = torch.zeros(2 * t, d).index_add(0, idx, torch.cat([x, 2 * x]))
+    q = z.view(t, 2 * d // 4, 4)
+    return q[..., 2:] * q[..., :2]
+
+
+case("heads-at-an-offset-of-rows-scattered-by-index", lambda s, x: _heads_at_offset(x),
+     [((4, 8),), ((5, 12),)])
 case("flatten-slice-merge", lambda s, x: x[:, 1:].flatten() * 3, [((3, 5),), ((4, 7, 3),)])
 case("expand-select-chunk", lambda s, x: sum(c.sum() for c in x[..., None].expand(*x.shape, 2).chunk(2, 0)),
      [((4, 5),), ((2, 7, 3),)])

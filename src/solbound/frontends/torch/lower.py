@@ -212,6 +212,10 @@ class KernelBuilder:
             return out
 
         base_const = [a.const for a in acc]
+        # the largest index of each base dim the view's own elements reach (from its
+        # offset and its extents, not from the index expressions, which a guard may take
+        # out of range, as a padded window does)
+        reach = list(base_const)
 
         def fits(j: int, m: int, n: int) -> bool:
             return j == 0 or base_const[j] + (n - 1) * m < bshape[j]
@@ -222,15 +226,17 @@ class KernelBuilder:
             if all(fits(j, m, n) for j, m in digits):
                 for j, m in digits:
                     acc[j] = acc[j] + Aff.var(v) * m
+                    reach[j] += m * (n - 1)
                 return
             if len(digits) != 1:
                 raise _NotShaped
             j, m = digits[0]
-            if base_const[j] or bshape[j] % m or n % (bshape[j] // m):
+            if bshape[j] % m or n % (bshape[j] // m):
                 raise _NotShaped
             f = bshape[j] // m
             hi, lo = self._split(v, f)
             acc[j] = acc[j] + lo * m
+            reach[j] += m * (f - 1)
             place_var(hi.single_var(), n // f, s * f)
 
         for e, n, s in zip(index, view.shape, view.strides):
@@ -241,12 +247,18 @@ class KernelBuilder:
             if all(fits(j, m, n) for j, m in digits):
                 for j, m in digits:
                     acc[j] = acc[j] + e * m
+                    reach[j] += m * (n - 1)
                 continue
             # the view dim spans several base dims (a flatten): place each term alone
             if e.const or any(c < 0 for _, c in e.terms):
                 raise _NotShaped
             for v, c in e.terms:
                 place_var(v, self.extent(v), s * c)
+        # terms that each fit a base dim may still, together and with the view's offset,
+        # carry into the next dim (a window at an offset within a row that holds several
+        # heads): then only the flat storage is affine
+        if any(reach[j] >= bshape[j] for j in range(1, r)):
+            raise _NotShaped
         return Access(view.base, tuple(self.resolve(a) for a in acc))
 
     def finish(self, name: str, out: str, out_index: list[Aff], body: Expr, *,
