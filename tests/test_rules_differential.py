@@ -252,6 +252,11 @@ case("argmax-flat-window", lambda s, x: torch.max(x, -1)[1].reshape(-1)[2:9].flo
 case("window-carries-into-next-row", lambda s, x: x.reshape(-1)[6:22].view(2, 8) * 2,
      [((2, 16),), ((4, 8),)])
 
+# an output that is a window of an empty tensor (DeepSeek-V4's empty state at prefill):
+# nothing to read, nothing that can carry past a row
+case("empty-window-output", lambda s, x: (x * 2, (x[:, :0] * 2).view(x.shape[0], 0, x.shape[2])[..., :2]),
+     [((2, 3, 4),), ((1, 5, 6),)])
+
 
 def _heads_at_offset(x):
     """JetMoE's attention experts: rows gathered back by a data-dependent ``index_add``,

@@ -257,8 +257,8 @@ class KernelBuilder:
         # terms that each fit a base dim may still, together and with the view's offset,
         # carry into the next dim (a window at an offset within a row that holds several
         # heads): then only the flat storage is affine
-        if any(reach[j] >= bshape[j] for j in range(1, r)):
-            raise _NotShaped
+        if all(view.shape) and any(reach[j] >= bshape[j] for j in range(1, r)):
+            raise _NotShaped        # (an empty view reads nothing)
         return Access(view.base, tuple(self.resolve(a) for a in acc))
 
     def finish(self, name: str, out: str, out_index: list[Aff], body: Expr, *,
