@@ -101,7 +101,12 @@ def test_the_shrinker_rederives_sizes_and_retries_wider_or_deeper():
     assert c3.layers_block_type == ["linear_attention", "hybrid"] * 2
     with pytest.raises(zoo.ShrinkError, match="tie_weights_keys"):
         zoo._build_one(type(b3.model), b3.arch, type(c3)(), "causal-lm", "zamba", 1, 1)
-    for m in (b, b2, b3):
+    # a vocabulary by any other suffix is a vocabulary: Gemma 4's per-layer embeddings are
+    # looked up with the token ids, so they keep the whole shrunk vocabulary (halved to
+    # 256 as a plain width, the default call indexed past their end)
+    b4 = zoo.build("gemma4_text")
+    assert b4.config.vocab_size_per_layer_input == b4.config.vocab_size == 4096
+    for m in (b, b2, b3, b4):
         with torch.no_grad():
             m.model(*m.inputs)               # the default call runs in eager PyTorch
 

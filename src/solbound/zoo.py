@@ -63,7 +63,7 @@ _EXPERTS = re.compile(r"(num_experts|num_local_experts|n_routed_experts|moe_num_
 _TOPK = re.compile(r"(num_experts_per_tok|num_experts_per_token|top_k|moe_topk|"
                    r"n_activated_experts|experts_per_token|moe_k)")
 _GROUPS = re.compile(r"(n_group|topk_group|num_expert_group|n_groups|mamba_n_groups|ssm_n_groups)")
-_VOCAB = re.compile(r".*vocab_size")
+_VOCAB = re.compile(r".*vocab_size(_.*)?")
 _KV_SHARED = re.compile(r"num_kv_shared_layers|num_shared_kv_layers|kv_shared_layers")
 _TOKEN_ID = re.compile(r".*_token_id")
 _SHARED = re.compile(r"(n_|num_)?shared_experts")
