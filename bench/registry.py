@@ -57,8 +57,9 @@ def one(task: str, model_type: str, validate: bool = True) -> dict:
             # device: no memory), the same way? Then no shrinking can make it run
             try:
                 with torch.device("meta"):
-                    full = type(b.model)(b.default).eval()
-                    args = tuple(torch.zeros(x.shape, dtype=x.dtype) for x in b.inputs)
+                    full = type(b.model)(zoo.user_default(b.default, task)).eval()
+                    args = tuple(None if x is None else torch.zeros(x.shape, dtype=x.dtype)
+                                 for x in b.inputs)
                 with torch.no_grad():
                     full(*args)
             except Exception as e3:  # noqa: BLE001

@@ -142,3 +142,43 @@ def test_a_selection_computed_from_constants_is_exact_not_assumed():
     notes = rep.program.notes
     assert any("no routing assumption" in n and "__getitem__" in n for n in notes), notes
     assert not any(n.startswith("assumption: routing") for n in notes)
+
+
+def _bench_registry():
+    import importlib.util
+    import os
+    spec = importlib.util.spec_from_file_location(
+        "registry_bench", os.path.join(os.path.dirname(__file__), "..", "bench", "registry.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_failures_of_transformers_own_defaults_are_named_upstream(monkeypatch):
+    """A default config transformers itself cannot build stops the shrinker at once; a
+    default call that fails on transformers' own default config at full size (checked on
+    the meta device) the way it fails on the shrunk one is stage ``upstream`` in
+    ``bench/registry.py``. When no rung of the retry ladder runs, the model returned is
+    still one that was never called."""
+    built = []
+    real = zoo._build_one
+
+    def counting(*a, **k):
+        b = real(*a, **k)
+        b.model.calls = 0
+        b.model.register_forward_pre_hook(lambda m, args: setattr(m, "calls", m.calls + 1))
+        built.append(b)
+        return b
+
+    monkeypatch.setattr(zoo, "_build_one", counting)
+    with pytest.raises(zoo.ShrinkError, match="default DbrxConfig does not build") as e:
+        zoo.build("dbrx")
+    assert e.value.default_broken and built == []
+    b = zoo.build("blt")                 # its forward asks a config for what only sub-configs hold
+    assert len(built) == 5 and b is built[-1] and b.model.calls == 0
+    assert [x.model.calls for x in built[:4]] == [1, 1, 1, 1]
+    monkeypatch.undo()
+    rec = _bench_registry().one("causal-lm", "blt", validate=False)
+    assert rec["stage"] == "upstream", rec
+    assert rec["error"].startswith("transformers' own default config, full size, fails the same way: "
+                                   "AttributeError")

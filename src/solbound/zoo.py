@@ -418,25 +418,38 @@ def build(model_type: str, task: str = "causal-lm") -> Built:
     # while its layers do not), then with every kind of layer twice (Zamba ties one
     # shared block's weights across its hybrid layers and refuses a single one)
     first, error = None, None
-    for wider, repeat in ((1, 1), (2, 1), (4, 1), (1, 2)):
+    for rung in ((1, 1), (2, 1), (4, 1), (1, 2)):
         try:
-            built = _build_one(cls, cls_name, default, task, model_type, wider, repeat)
+            built = _build_one(cls, cls_name, default, task, model_type, *rung)
         except ShrinkError as e:
             if e.default_broken:         # no shrinking can help
                 raise
             error = error or e
             continue
-        first = first or built
+        first = first or rung
         try:
             with torch.no_grad():
                 built.model(*built.inputs)
         except Exception:  # noqa: BLE001 - the caller reports the default call's failure
             continue
-        # the model returned has never been called (no state a call may have left)
-        return _build_one(cls, cls_name, default, task, model_type, wider, repeat)
+        first = rung
+        break
     if first is None:
         raise error
-    return first
+    # the model returned has never been called (no state a call may have left): built
+    # afresh at the rung whose call ran, else at the first that built
+    return _build_one(cls, cls_name, default, task, model_type, *first)
+
+
+def user_default(default, task: str):
+    """A copy of transformers' default config as a user of ``task`` builds it (a causal LM
+    is a decoder; see ``_build_one``): building a model mutates its config, so the
+    default itself is never built."""
+    import copy
+    d = copy.deepcopy(default)
+    if task == "causal-lm" and getattr(d, "is_decoder", None) is False:
+        d.is_decoder = True
+    return d
 
 
 def _build_one(cls, cls_name, default, task, model_type, wider, repeat) -> Built:
@@ -454,7 +467,7 @@ def _build_one(cls, cls_name, default, task, model_type, wider, repeat) -> Built
         why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
         try:
             with torch.device("meta"):
-                cls(default)
+                cls(user_default(default, task))
         except Exception as e2:  # noqa: BLE001 - transformers' own default does not build
             raise ShrinkError(f"{cls_name}: transformers' default {type(default).__name__} does "
                               f"not build the model either: {type(e2).__name__}: "
@@ -466,4 +479,5 @@ def _build_one(cls, cls_name, default, task, model_type, wider, repeat) -> Built
     if hasattr(model, "set_default_language") and langs:
         model.set_default_language(list(langs)[0])
     inputs = _inputs(task, cfg, model)
-    return Built(cls_name, model_type, task, model, inputs, cfg, changed, default)
+    return Built(cls_name, model_type, task, model, inputs, cfg, changed,
+                 user_default(default, task))
