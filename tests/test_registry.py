@@ -106,7 +106,13 @@ def test_the_shrinker_rederives_sizes_and_retries_wider_or_deeper():
     # 256 as a plain width, the default call indexed past their end)
     b4 = zoo.build("gemma4_text")
     assert b4.config.vocab_size_per_layer_input == b4.config.vocab_size == 4096
-    for m in (b, b2, b3, b4):
+    # layers per stack are a layer count: HRM's config derives its cache slots from them,
+    # one per stack layer, cycle and module (2 x 2 x (3 + 1) = 16), which the model indexes
+    b5 = zoo.build("hrm_text")
+    c5 = b5.config
+    assert c5.num_layers_per_stack == 2
+    assert c5.num_hidden_layers == 2 * c5.H_cycles * (c5.L_cycles + 1) == 16
+    for m in (b, b2, b3, b4, b5):
         with torch.no_grad():
             m.model(*m.inputs)               # the default call runs in eager PyTorch
 

@@ -48,7 +48,7 @@ TASKS = {
 
 # field names by what they mean (matched on the whole name)
 _LAYERS = re.compile(r"(num_)?(hidden_|encoder_|decoder_|text_|vision_)?(layers|n_layers?|"
-                     r"num_hidden_layers|num_blocks|layer_count|depth)")
+                     r"num_hidden_layers|num_blocks|layers_per_\w+|layer_count|depth)")
 _KV_HEADS = re.compile(r"(num_)?(key_value|kv)_heads|n_kv_heads?|num_kv_heads|multi_query_group_num")
 _HEADS = re.compile(r"(.*_)?(n_)?heads?")
 _HEAD_DIM = re.compile(r"(head_dim|attention_head_size|kv_channels|qk_head_dim|v_head_dim|"
