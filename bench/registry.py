@@ -138,7 +138,8 @@ def summary(recs: list[dict]) -> str:
     upstream = []
     for task in sorted({r["task"] for r in recs}):
         n = sum(1 for r in recs if r["task"] == task and r["status"] == "error"
-                and (r.get("stage") == "upstream" or "transformers' default" in r.get("error", "")))
+                and (r.get("stage") == "upstream" or "transformers' default" in r.get("error", "")
+                     or "the default config does not construct" in r.get("error", "")))
         if n:
             upstream.append(f"{task}: {n} of {sum(r['task'] == task for r in recs)} fail in "
                             f"transformers' own default config (it does not build, or its default "
