@@ -112,7 +112,16 @@ def test_the_shrinker_rederives_sizes_and_retries_wider_or_deeper():
     c5 = b5.config
     assert c5.num_layers_per_stack == 2
     assert c5.num_hidden_layers == 2 * c5.H_cycles * (c5.L_cycles + 1) == 16
-    for m in (b, b2, b3, b4, b5):
+    # Dory serializes each layer as an attention and an MLP block (every layer count
+    # doubled) and halves them on load: the shrinker reads the fields as the config holds
+    # them; its input, recurrent and output sections, which add up to the layers, get one
+    # layer each
+    b6 = zoo.build("dory")
+    c6 = b6.config
+    assert (c6.num_hidden_layers, c6.n_input_layers, c6.n_recurrent_layers, c6.n_output_layers) \
+        == (3, 1, 1, 1)
+    assert c6.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    for m in (b, b2, b3, b4, b5, b6):
         with torch.no_grad():
             m.model(*m.inputs)               # the default call runs in eager PyTorch
 

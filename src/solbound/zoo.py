@@ -67,6 +67,7 @@ _VOCAB = re.compile(r".*vocab_size(_.*)?")
 _KV_SHARED = re.compile(r"num_kv_shared_layers|num_shared_kv_layers|kv_shared_layers")
 _TOKEN_ID = re.compile(r".*_token_id")
 _SHARED = re.compile(r"(n_|num_)?shared_experts")
+_SECTION = re.compile(r"(n|num)_\w+_layers")
 _KINDS = re.compile(r".*(block|layer)s?_(types?|pattern|kinds?)")
 _POSITIONS = re.compile(r"(max_position_embeddings|n_positions|max_seq_len|seq_length|"
                         r"max_sequence_length|n_ctx)")
@@ -162,6 +163,17 @@ def shrink_values(values: dict, prefix: str = "", wider: int = 1,
     if layer_keys:
         n = min(out[k][1] for k in layer_keys)
         old_n = max(out[k][0] for k in layer_keys)
+        # sections of the stack counted apart that add up to its layers (Dory's input,
+        # recurrent and output layers): one layer each, and at least one layer per section
+        sections = [k for k, v in ints.items() if _SECTION.fullmatch(k) and v > 0
+                    and not _LAYERS.fullmatch(k)]
+        if len(sections) > 1 and sum(ints[k] for k in sections) == old_n:
+            for k in sections:
+                put(k, 1)
+            if len(sections) > n:
+                n = len(sections)
+                for k in layer_keys:
+                    out[k] = (out[k][0], n)
         kinds_n = n
         for k, v in values.items():
             if isinstance(v, list) and len(v) == old_n and v and all(isinstance(x, str) for x in v):
@@ -264,6 +276,17 @@ def shrink_config(cfg, wider: int = 1, repeat: int = 1) -> tuple[Any, dict]:
 
     def shrink(c, prefix):
         values = c.to_dict()
+        # a declared field as the config holds it, where its serialized form differs (Dory
+        # serializes each layer as an attention and an MLP block, doubling every layer
+        # count, and halves them again on load): the config is rebuilt from keywords, which
+        # a class reads as it holds them
+        for f in _class_fields(type(c)) or ():
+            try:
+                v = getattr(c, f)
+            except Exception:  # noqa: BLE001 - a per-layer field read globally (Gemma 4)
+                continue
+            if f in values and values[f] != v and _plain(v):
+                values[f] = v
         subs = {}
         for k, v in list(vars(c).items()):
             if isinstance(v, PretrainedConfig):
@@ -335,6 +358,13 @@ def _SIZED(k: str, v) -> bool:
 
 
 _COUNTS = (_LAYERS, _KV_HEADS, _HEADS, _EXPERTS, _TOPK, _GROUPS, _VOCAB, _SHARED)
+
+
+def _plain(v) -> bool:
+    """A number, string, flag, None, or list of them (a value a config keyword takes)."""
+    if isinstance(v, list):
+        return all(_plain(x) for x in v)
+    return v is None or isinstance(v, (bool, int, float, str))
 
 
 def _class_fields(cls) -> set[str] | None:
