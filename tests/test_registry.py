@@ -197,3 +197,15 @@ def test_failures_of_transformers_own_defaults_are_named_upstream(monkeypatch):
     assert rec["stage"] == "upstream", rec
     assert rec["error"].startswith("transformers' own default config, full size, fails the same way: "
                                    "AttributeError")
+
+
+def test_a_backbones_stage_names_follow_its_shrunk_depth():
+    """transformers' backbone mixin derives a vision model's stage names and the stages it
+    outputs from its depth: passed back unshrunk (``out_features`` ['stage12'] of a
+    2-layer DINOv2), the config does not construct; re-derived, they name the last stage."""
+    b = zoo.build("dinov2", "vision")
+    c = b.config
+    assert c.num_hidden_layers == 2 and c.stage_names == ["stem", "stage1", "stage2"]
+    assert c.out_features == ["stage2"] and c.out_indices == [2]
+    with torch.no_grad():
+        assert b.model(*b.inputs).logits.shape[0] == 1

@@ -67,6 +67,7 @@ _VOCAB = re.compile(r".*vocab_size(_.*)?")
 _KV_SHARED = re.compile(r"num_kv_shared_layers|num_shared_kv_layers|kv_shared_layers")
 _TOKEN_ID = re.compile(r".*_token_id")
 _SHARED = re.compile(r"(n_|num_)?shared_experts")
+_BACKBONE = ("stage_names", "out_features", "out_indices")
 _SECTION = re.compile(r"(n|num)_\w+_layers")
 _KINDS = re.compile(r".*(block|layer)s?_(types?|pattern|kinds?)")
 _POSITIONS = re.compile(r"(max_position_embeddings|n_positions|max_seq_len|seq_length|"
@@ -305,6 +306,10 @@ def shrink_config(cfg, wider: int = 1, repeat: int = 1) -> tuple[Any, dict]:
             derived |= {k for k, v in values.items() if k not in fields and k not in subs
                         and not isinstance(v, (str, dict)) and _SIZED(k, v)
                         and not any(p.fullmatch(k) for p in _COUNTS)}
+            # ... and so are a backbone's stage names and the stages it outputs, which
+            # transformers' backbone mixin derives from the depths (`out_features`
+            # ['stage12'] of a 2-layer backbone does not construct)
+            derived |= {k for k in _BACKBONE if k in values and k not in fields}
         over = shrink_values({k: v for k, v in values.items()
                               if k not in subs and k not in derived}, prefix, wider, repeat)
         changed.update({prefix + k: v for k, v in over.items()})
