@@ -102,6 +102,11 @@ for pad, stride, dil, groups in ((0, 1, 1, 1), (1, 2, 1, 2), (2, 3, 2, 1), (1, 1
     case(f"conv2d-p{pad}s{stride}d{dil}g{groups}", lambda s, x: s.c(x),
          [((2, 4, 9, 7),), ((1, 4, 6, 11),)],
          {"c": nn.Conv2d(4, 8, 3, stride=stride, padding=pad, dilation=dil, groups=groups)})
+# padding given by name: exported with one value for every spatial dim ([0] for "valid")
+case("conv2d-padding-valid", lambda s, x: s.c(x), [((2, 3, 8, 8),), ((1, 3, 12, 4),)],
+     {"c": nn.Conv2d(3, 8, 4, stride=4, padding="valid")})
+case("conv1d-padding-same", lambda s, x: s.c(x), [((2, 3, 11),), ((1, 3, 6),)],
+     {"c": nn.Conv1d(3, 5, 3, padding="same")})
 case("conv1d", lambda s, x: s.c(x), [((2, 3, 11),), ((1, 3, 6),)], {"c": nn.Conv1d(3, 5, 4, padding=2)})
 case("conv3d", lambda s, x: s.c(x), [((1, 2, 5, 6, 7),), ((2, 2, 4, 3, 5),)],
      {"c": nn.Conv3d(2, 3, (2, 3, 2), stride=(1, 2, 1), padding=(0, 1, 1))})

@@ -206,6 +206,8 @@ def convolution(ctx: OpCtx) -> None:
     x, w, bias, stride, padding, dilation, transposed, output_padding, groups = ctx.args[:9]
     out = ctx.output()
     nsp = x.ndim - 2
+    # one value for every spatial dim (``padding="valid"`` exports as ``[0]``)
+    stride, padding, dilation = (_each(v, nsp) for v in (stride, padding, dilation))
     if transposed:
         conv_out = out if bias is None else ctx.new_tensor(out.shape, out.dtype,
                                                             ctx.node.name + "_conv")
@@ -220,6 +222,12 @@ def convolution(ctx: OpCtx) -> None:
         idx = dims_vars(len(shape))
         ctx.emit(kb, out, idx, add(kb.load(conv_out, idx), kb.load(bias, [idx[1]])))
     ctx.bind(out)
+
+
+def _each(v, nsp: int) -> list[int]:
+    """A convolution's per-spatial-dim argument: a single value applies to every dim."""
+    v = [v] if isinstance(v, int) else list(v)
+    return v * nsp if len(v) == 1 else v
 
 
 def _conv(ctx, x: View, w: View, out: View, stride, padding, dilation, groups, nsp) -> None:
