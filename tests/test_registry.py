@@ -209,3 +209,13 @@ def test_a_backbones_stage_names_follow_its_shrunk_depth():
     assert c.out_features == ["stage2"] and c.out_indices == [2]
     with torch.no_grad():
         assert b.model(*b.inputs).logits.shape[0] == 1
+
+
+def test_a_vision_model_that_reads_ids_gets_ids():
+    """ImageGPT classifies an image given as ids of colour clusters: its forward reads
+    ``input_ids`` and no pixels, so it is called with ids in its vocabulary."""
+    b = zoo.build("imagegpt", "vision")
+    (ids,) = b.inputs
+    assert ids.dtype == torch.long and int(ids.max()) < b.config.vocab_size
+    with torch.no_grad():
+        assert b.model(*b.inputs).logits.shape[0] == 1

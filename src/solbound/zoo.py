@@ -404,7 +404,9 @@ def _inputs(task: str, cfg, model) -> tuple:
     text = getattr(cfg, "get_text_config", lambda **_: cfg)(decoder=True)
     vocab = getattr(text, "vocab_size", None) or VOCAB
     sig = inspect.signature(model.forward).parameters
-    if task == "vision" or ("input_ids" not in sig and "pixel_values" in sig):
+    # a vision model takes pixels, unless its forward reads ids only (ImageGPT classifies
+    # an image given as ids of colour clusters)
+    if (task == "vision" and "pixel_values" in sig) or ("input_ids" not in sig and "pixel_values" in sig):
         vis = getattr(cfg, "vision_config", cfg)
         size = getattr(vis, "image_size", IMAGE)
         size = size[0] if isinstance(size, (list, tuple)) else size
