@@ -385,6 +385,12 @@ case("index_put-runtime", _put_runtime, [((4, 3, 5), (2, 3, 5)), ((3, 2, 4), (3,
 case("index_put-mask", lambda s, x: torch.index_put(x, (x > 0.3,), torch.tensor(2.0))
      + torch.index_put(x, (x[:, 0] > 0,), torch.tensor(-1.0), accumulate=True),
      [((4, 3),), ((2, 5),)])
+# one row written into every selected element, as T5Gemma 2 writes its end-of-image
+# embedding at every position of that token: the same values whatever the mask selects
+case("index_put-mask-row", lambda s, x: torch.index_put(x, (x[..., 0] > 0,), s.row)
+     + torch.index_put(x, (x[..., 1] > 0,), s.col[:, :1] * 3, accumulate=True),
+     [((2, 3, 4),), ((5, 4),)],
+     {"row": nn.Parameter(torch.randn(4)), "col": nn.Parameter(torch.randn(1, 4))})
 case("index_copy-runtime-position", None, [((2, 1, 5),), ((2, 3, 5),)],
      {"module": _RuntimeCache})
 # operators PyTorch keeps whole but decomposes (capture.EXTRA_DECOMPOSITIONS)

@@ -147,21 +147,38 @@ def index_put(ctx: OpCtx) -> None:
 
 
 def _masked_fill(ctx: OpCtx, x: View, indices: list, v, accumulate: bool) -> None:
-    """``x[mask] = v`` with a boolean mask over x's leading dims and one value: a select."""
+    """``x[mask] = v`` with a boolean mask over x's leading dims and a value that is the
+    same for every selected element (one number, or a row broadcast over each selected
+    element: T5Gemma 2 writes one embedding into every position of a token): a select."""
     pos = [i for i, t in enumerate(indices) if t is not None]
     m = indices[pos[0]]
     if len(pos) != 1 or pos[0] != 0 or tuple(m.shape) != tuple(x.shape[:m.ndim]) \
-            or not (not isinstance(v, View) or math.prod(v.shape) == 1):
+            or not (not isinstance(v, View) or _per_element(v.shape, x.shape[m.ndim:])):
         raise LoweringError("x[mask] = v with a boolean mask and several values: how many "
                             "elements the mask selects is known only at run time")
     out = ctx.output()
     kb = ctx.builder(out.shape)
     idx = dims_vars(out.ndim)
-    val = kb.load(v, [Aff.lit(0)] * v.ndim) if isinstance(v, View) else Const(v)
+    if isinstance(v, View):         # v's dims right-aligned with the selected element's
+        tail = idx[out.ndim - v.ndim:] if v.ndim <= out.ndim else []
+        val = kb.load(v, [Aff.lit(0) if n == 1 else e for n, e in
+                          zip(v.shape, [Aff.lit(0)] * (v.ndim - len(tail)) + list(tail))])
+    else:
+        val = Const(v)
     old = kb.load(x, idx)
     new = Call("add", (old, val)) if accumulate else val
     ctx.emit(kb, out, idx, Call("select", (kb.load(m, idx[:m.ndim]), new, old)))
     ctx.bind(out)
+
+
+def _per_element(vshape, rest) -> bool:
+    """Whether values of shape ``vshape`` broadcast to ``(K, *rest)`` are the same for each
+    of the K selected elements: no dim of their own along K, each other dim 1 or rest's."""
+    vshape, rest = tuple(vshape), tuple(rest)
+    if len(vshape) > len(rest) + 1 or (len(vshape) == len(rest) + 1 and vshape[0] != 1):
+        return False
+    tail = vshape[len(vshape) - min(len(vshape), len(rest)):]
+    return all(a in (1, b) for a, b in zip(tail, rest[len(rest) - len(tail):]))
 
 
 def _scatter_along(ctx: OpCtx, x: View, dim: int, index: View, src, reduce: str | None,
