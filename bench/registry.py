@@ -56,10 +56,12 @@ def one(task: str, model_type: str, validate: bool = True) -> dict:
             # ... and so does transformers' own default config at full size (on the meta
             # device: no memory), the same way? Then no shrinking can make it run
             try:
+                dcfg = zoo.user_default(b.default, task)
                 with torch.device("meta"):
-                    full = type(b.model)(zoo.user_default(b.default, task)).eval()
-                    args = tuple(None if x is None else torch.zeros(x.shape, dtype=x.dtype)
-                                 for x in b.inputs)
+                    full = type(b.model)(dcfg).eval()
+                # the inputs the full-size model takes (an image as wide as its config's)
+                args = tuple(None if x is None else torch.zeros(x.shape, dtype=x.dtype, device="meta")
+                             for x in zoo._inputs(task, dcfg, full))
                 with torch.no_grad():
                     full(*args)
             except Exception as e3:  # noqa: BLE001

@@ -190,8 +190,8 @@ def test_failures_of_transformers_own_defaults_are_named_upstream(monkeypatch):
         zoo.build("dbrx")
     assert e.value.default_broken and built == []
     b = zoo.build("blt")                 # its forward asks a config for what only sub-configs hold
-    assert len(built) == 5 and b is built[-1] and b.model.calls == 0
-    assert [x.model.calls for x in built[:4]] == [1, 1, 1, 1]
+    assert len(built) == 6 and b is built[-1] and b.model.calls == 0    # five rungs, then afresh
+    assert [x.model.calls for x in built[:5]] == [1, 1, 1, 1, 1]
     monkeypatch.undo()
     rec = _bench_registry().one("causal-lm", "blt", validate=False)
     assert rec["stage"] == "upstream", rec
@@ -203,6 +203,12 @@ def test_a_backbones_stage_names_follow_its_shrunk_depth():
     """transformers' backbone mixin derives a vision model's stage names and the stages it
     outputs from its depth: passed back unshrunk (``out_features`` ['stage12'] of a
     2-layer DINOv2), the config does not construct; re-derived, they name the last stage."""
+    # ConvNeXt halves 2 x 2 patches of 4 pixels past one pixel: the last rung of the
+    # retry ladder gives it images 64 pixels wide
+    b = zoo.build("convnext", "vision")
+    assert b.config.image_size == 64 and tuple(b.inputs[0].shape) == (1, 3, 64, 64)
+    with torch.no_grad():
+        b.model(*b.inputs)
     b = zoo.build("dinov2", "vision")
     c = b.config
     assert c.num_hidden_layers == 2 and c.stage_names == ["stem", "stage1", "stage2"]

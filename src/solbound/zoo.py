@@ -9,7 +9,8 @@ random weights from the shrunk default config, and the inputs a user would call 
 (token ids; decoder ids for sequence-to-sequence; pixels for vision), called with its
 defaults: no wrapper, no ``use_cache=False``. Where that call fails at the narrowest widths,
 or the model does not build with one layer of each kind, ``build`` retries wider (width caps
-doubled, then doubled again, never over 256) and then with every kind of layer twice.
+doubled, then doubled again, never over 256), then with every kind of layer twice, then with
+images 64 pixels wide.
 
     >>> from transformers import LlamaConfig
     >>> small, changed = shrink_config(LlamaConfig())
@@ -106,13 +107,14 @@ _CAPS = ((_LAYERS, LAYERS), (_HEAD_DIM, HEAD_DIM), (_HIDDEN, HIDDEN), (_FFN, FFN
 
 
 def shrink_values(values: dict, prefix: str = "", wider: int = 1,
-                  repeat: int = 1) -> dict[str, tuple[Any, Any]]:
+                  repeat: int = 1, image: int = 0) -> dict[str, tuple[Any, Any]]:
     """The overrides for one config's fields: ``{field: (default, shrunk)}``.
 
     Heads first (key/value heads keep their ratio to query heads), then the widths they
     must divide; any other integer width field over 256 is halved until it fits.
-    ``wider`` multiplies the caps of head size, model width and feed-forward width, and
-    ``repeat`` the layers kept (see ``build``)."""
+    ``wider`` multiplies the caps of head size, model width and feed-forward width,
+    ``repeat`` the layers kept, and ``image`` (pixels) replaces the image rule (see
+    ``build``)."""
     out: dict[str, tuple[Any, Any]] = {}
     caps = tuple((pat, min(c * wider, WIDTH_MAX) if pat in (_HEAD_DIM, _HIDDEN, _FFN) else c) for pat, c in _CAPS)
 
@@ -155,7 +157,8 @@ def shrink_values(values: dict, prefix: str = "", wider: int = 1,
     # images: a few patches (2 x 2 where the model patchifies), at most IMAGE pixels wide
     if type(values.get("image_size")) is int and values["image_size"] > 0:
         patch = values.get("patch_size")
-        put("image_size", 2 * patch if type(patch) is int and 0 < patch <= values["image_size"] // 2
+        put("image_size", min(values["image_size"], image) if image
+            else 2 * patch if type(patch) is int and 0 < patch <= values["image_size"] // 2
             else min(values["image_size"], IMAGE))
     # per-layer lists follow the layer count; a list of layer kinds (layer_types,
     # layers_block_type: sliding and full attention, linear attention, Mamba, hybrid
@@ -269,7 +272,7 @@ def shrink_values(values: dict, prefix: str = "", wider: int = 1,
     return out
 
 
-def shrink_config(cfg, wider: int = 1, repeat: int = 1) -> tuple[Any, dict]:
+def shrink_config(cfg, wider: int = 1, repeat: int = 1, image: int = 0) -> tuple[Any, dict]:
     """A small copy of a transformers config (see the module docstring) and what changed,
     ``{"field" or "sub.field": (default, shrunk)}``. Sub-configs shrink by the same rule."""
     from transformers import PretrainedConfig
@@ -311,7 +314,7 @@ def shrink_config(cfg, wider: int = 1, repeat: int = 1) -> tuple[Any, dict]:
             # ['stage12'] of a 2-layer backbone does not construct)
             derived |= {k for k in _BACKBONE if k in values and k not in fields}
         over = shrink_values({k: v for k, v in values.items()
-                              if k not in subs and k not in derived}, prefix, wider, repeat)
+                              if k not in subs and k not in derived}, prefix, wider, repeat, image)
         changed.update({prefix + k: v for k, v in over.items()})
         kwargs = {k: v for k, v in values.items()
                   if k not in derived and k not in subs
@@ -453,9 +456,10 @@ def build(model_type: str, task: str = "causal-lm") -> Built:
     # default call fails there is built again with the width caps doubled, then doubled
     # again (never over 256: xLSTM's config rounds its key width up to a multiple of 64
     # while its layers do not), then with every kind of layer twice (Zamba ties one
-    # shared block's weights across its hybrid layers and refuses a single one)
+    # shared block's weights across its hybrid layers and refuses a single one), then with
+    # images 64 pixels wide (ConvNeXt halves 2 x 2 patches of 4 pixels past one pixel)
     first, error = None, None
-    for rung in ((1, 1), (2, 1), (4, 1), (1, 2)):
+    for rung in ((1, 1, 0), (2, 1, 0), (4, 1, 0), (1, 2, 0), (1, 1, 64)):
         try:
             built = _build_one(cls, cls_name, default, task, model_type, *rung)
         except ShrinkError as e:
@@ -489,9 +493,9 @@ def user_default(default, task: str):
     return d
 
 
-def _build_one(cls, cls_name, default, task, model_type, wider, repeat) -> Built:
+def _build_one(cls, cls_name, default, task, model_type, wider, repeat, image=0) -> Built:
     import torch
-    cfg, changed = shrink_config(default, wider, repeat)
+    cfg, changed = shrink_config(default, wider, repeat, image)
     # a causal LM is a decoder: the encoder families registered for the task (BERT,
     # RoBERTa, X-MOD, Reformer) ask their users to say so, and refuse or warn without it
     if task == "causal-lm" and getattr(cfg, "is_decoder", None) is False:
