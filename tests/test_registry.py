@@ -121,6 +121,18 @@ def test_the_shrinker_rederives_sizes_and_retries_wider_or_deeper():
     assert (c6.num_hidden_layers, c6.n_input_layers, c6.n_recurrent_layers, c6.n_output_layers) \
         == (3, 1, 1, 1)
     assert c6.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    # the sections share the layers kept, however many: at twice the layers (the ladder's
+    # repeat rung), 6 layers as 1 + 4 + 1, the largest section taking the rest
+    from transformers import AutoConfig
+    c7, _ = zoo.shrink_config(AutoConfig.for_model("dory"), 1, 2)
+    assert (c7.num_hidden_layers, c7.n_input_layers, c7.n_recurrent_layers, c7.n_output_layers) \
+        == (6, 1, 4, 1)
+    # a token type's vocabulary (2 types) is no vocabulary of tokens: RoBERTa's special ids
+    # keep their defaults, distinct (they were capped to 1, the padding id)
+    from transformers import RobertaConfig
+    c8, changed8 = zoo.shrink_config(RobertaConfig())
+    assert (c8.pad_token_id, c8.bos_token_id, c8.eos_token_id) == (1, 0, 2)
+    assert "eos_token_id" not in changed8
     for m in (b, b2, b3, b4, b5, b6):
         with torch.no_grad():
             m.model(*m.inputs)               # the default call runs in eager PyTorch

@@ -391,6 +391,9 @@ case("index_put-mask-row", lambda s, x: torch.index_put(x, (x[..., 0] > 0,), s.r
      + torch.index_put(x, (x[..., 1] > 0,), s.col[:, :1] * 3, accumulate=True),
      [((2, 3, 4),), ((5, 4),)],
      {"row": nn.Parameter(torch.randn(4)), "col": nn.Parameter(torch.randn(1, 4))})
+# one value of any shape (1, 1, 1): a masked fill, as PyTorch takes it
+case("index_put-mask-one-value-more-dims", lambda s, x: torch.index_put(x, (x[:, 0] > 0,), s.v),
+     [((4, 3),), ((5, 2),)], {"v": nn.Parameter(torch.randn(1, 1, 1))})
 case("index_copy-runtime-position", None, [((2, 1, 5),), ((2, 3, 5),)],
      {"module": _RuntimeCache})
 # operators PyTorch keeps whole but decomposes (capture.EXTRA_DECOMPOSITIONS)

@@ -64,7 +64,8 @@ _EXPERTS = re.compile(r"(num_experts|num_local_experts|n_routed_experts|moe_num_
 _TOPK = re.compile(r"(num_experts_per_tok|num_experts_per_token|top_k|moe_topk|"
                    r"n_activated_experts|experts_per_token|moe_k)")
 _GROUPS = re.compile(r"(n_group|topk_group|num_expert_group|n_groups|mamba_n_groups|ssm_n_groups)")
-_VOCAB = re.compile(r".*vocab_size(_.*)?")
+# (not a token type's vocabulary, nor a number a vocabulary is rounded to)
+_VOCAB = re.compile(r"(?!.*type_vocab)(?!.*(divisible_by|multiple_of)).*vocab_size(_.*)?")
 _KV_SHARED = re.compile(r"num_kv_shared_layers|num_shared_kv_layers|kv_shared_layers")
 _TOKEN_ID = re.compile(r".*_token_id")
 _SHARED = re.compile(r"(n_|num_)?shared_experts")
@@ -171,9 +172,9 @@ def shrink_values(values: dict, prefix: str = "", wider: int = 1,
         # recurrent and output layers): one layer each, and at least one layer per section
         sections = [k for k, v in ints.items() if _SECTION.fullmatch(k) and v > 0
                     and not _LAYERS.fullmatch(k)]
-        if len(sections) > 1 and sum(ints[k] for k in sections) == old_n:
-            for k in sections:
-                put(k, 1)
+        if not (len(sections) > 1 and sum(ints[k] for k in sections) == old_n):
+            sections = []
+        if sections:
             if len(sections) > n:
                 n = len(sections)
                 for k in layer_keys:
@@ -218,6 +219,9 @@ def shrink_values(values: dict, prefix: str = "", wider: int = 1,
             kinds_n *= repeat
             for k in layer_keys:
                 out[k] = (out[k][0], kinds_n)
+        # the sections share the layers kept: one each, the rest to the largest
+        for i, k in enumerate(sorted(sections, key=lambda k: -ints[k])):
+            put(k, 1 + (kinds_n - len(sections) if i == 0 else 0))
         # settings per layer index ({25: {...}, 26: {...}}): those of the layers kept
         for k, v in values.items():
             if isinstance(v, dict) and v and all(str(x).isdigit() for x in v) \

@@ -153,7 +153,8 @@ def _masked_fill(ctx: OpCtx, x: View, indices: list, v, accumulate: bool) -> Non
     pos = [i for i, t in enumerate(indices) if t is not None]
     m = indices[pos[0]]
     if len(pos) != 1 or pos[0] != 0 or tuple(m.shape) != tuple(x.shape[:m.ndim]) \
-            or not (not isinstance(v, View) or _per_element(v.shape, x.shape[m.ndim:])):
+            or not (not isinstance(v, View) or math.prod(v.shape) == 1
+                    or _per_element(v.shape, x.shape[m.ndim:])):
         raise LoweringError("x[mask] = v with a boolean mask and several values: how many "
                             "elements the mask selects is known only at run time")
     out = ctx.output()
