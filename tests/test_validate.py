@@ -113,6 +113,20 @@ def test_bf16_program_runs_wide_with_a_bf16_tolerance():
     assert "eps(bf16)" in v["tolerance_rule"] and v["tolerance"] > 1e-3
 
 
+def test_a_half_precision_intermediate_sets_the_tolerance_and_a_wrong_rule_still_fails(monkeypatch):
+    """The reference rounds every value it stores in float16; the IR runs wide. A float32
+    output computed through a float16 intermediate differs by float16 roundings (it
+    'failed' at float32's tolerance), and a wrong rule still fails at float16's."""
+    m = Fn(lambda s, x: (x.half() @ x.half().t() + 1.3).float() * 2)
+    rep = solbound.analyze(m, (r(4, 8),), validate=True)
+    v = rep.validation
+    assert v["status"] == "passed", v
+    assert "eps(f16)" in v["tolerance_rule"]
+    _break_sigmoid(monkeypatch)
+    m = Fn(lambda s, x: torch.sigmoid(x.half() * 2).float())
+    assert solbound.analyze(m, (r(4, 8),), validate=True).validation["status"] == "failed"
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "solbound.cli", *args], capture_output=True,
                           text=True)

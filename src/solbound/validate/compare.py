@@ -59,10 +59,16 @@ def operator_calls(p: Program) -> int:
 
 
 def output_dtype(p: Program) -> str:
-    """The coarsest dtype among the program's outputs (what its tolerance is set by);
-    ``f32`` for a program without outputs."""
+    """The coarsest floating dtype the program stores a value in (what its tolerance is set
+    by): its outputs and its intermediates, since the reference rounds every value it
+    stores in a narrow type and the IR, run wide, does not (``(x.half() + c).float()``
+    differs by float16 roundings though its output is float32); ``f32`` for a program
+    without outputs."""
     dtypes = [t.dtype for t in p.tensors if t.role == "output"]
-    return max(dtypes, key=lambda d: EPS.get(d, 0.0)) if dtypes else "f32"
+    if not dtypes:
+        return "f32"
+    stored = dtypes + [t.dtype for t in p.tensors if t.role == "intermediate"]
+    return max(stored, key=lambda d: EPS.get(d, 0.0))
 
 
 def tolerance_rule(dtype: str) -> str:
