@@ -19,7 +19,7 @@ from ....ir.affine import Aff
 from ....ir.model import Call, Const, Idx
 from ..lower import KernelBuilder, LoweringError, OpCtx, View, rule
 from ._util import C, dims_vars, mul
-from .linalg import _conv_transposed, _each, _spatial
+from .linalg import _conv_transposed, _spatial
 from .pool import _tuple
 
 
@@ -30,7 +30,7 @@ def convolution_backward(ctx: OpCtx) -> None:
     if transposed:
         raise LoweringError("the backward of a transposed convolution")
     nsp = x.ndim - 2
-    stride, padding, dilation = (_each(v, nsp) for v in (stride, padding, dilation))
+    stride, padding, dilation = (_tuple(v, nsp) for v in (stride, padding, dilation))
     outs: list = [None, None, None]
     if mask[0]:
         gin = ctx.output(0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from ....ir.affine import Aff, Atom
 from ..lower import OpCtx, View, rule
 from ._util import C, add, bcast_index, dims_vars, mul
+from .pool import _tuple
 
 
 def _matmul(ctx: OpCtx, a: View, b: View, out: View, batch: int) -> None:
@@ -207,7 +208,7 @@ def convolution(ctx: OpCtx) -> None:
     out = ctx.output()
     nsp = x.ndim - 2
     # one value for every spatial dim (``padding="valid"`` exports as ``[0]``)
-    stride, padding, dilation = (_each(v, nsp) for v in (stride, padding, dilation))
+    stride, padding, dilation = (_tuple(v, nsp) for v in (stride, padding, dilation))
     if transposed:
         conv_out = out if bias is None else ctx.new_tensor(out.shape, out.dtype,
                                                             ctx.node.name + "_conv")
@@ -222,12 +223,6 @@ def convolution(ctx: OpCtx) -> None:
         idx = dims_vars(len(shape))
         ctx.emit(kb, out, idx, add(kb.load(conv_out, idx), kb.load(bias, [idx[1]])))
     ctx.bind(out)
-
-
-def _each(v, nsp: int) -> list[int]:
-    """A convolution's per-spatial-dim argument: a single value applies to every dim."""
-    v = [v] if isinstance(v, int) else list(v)
-    return v * nsp if len(v) == 1 else v
 
 
 def _conv(ctx, x: View, w: View, out: View, stride, padding, dilation, groups, nsp) -> None:
