@@ -160,12 +160,10 @@ def _masked_fill(ctx: OpCtx, x: View, indices: list, v, accumulate: bool) -> Non
     out = ctx.output()
     kb = ctx.builder(out.shape)
     idx = dims_vars(out.ndim)
-    if isinstance(v, View):         # v's dims right-aligned with the selected element's
-        tail = idx[out.ndim - v.ndim:] if v.ndim <= out.ndim else []
-        val = kb.load(v, [Aff.lit(0) if n == 1 else e for n, e in
-                          zip(v.shape, [Aff.lit(0)] * (v.ndim - len(tail)) + list(tail))])
-    else:
-        val = Const(v)
+    # v's dims right-aligned with out's; a dim of 1 (or one past out's) is read at 0
+    val = kb.load(v, [idx[d] if n != 1 and d >= 0 else Aff.lit(0) for n, d in
+                      zip(v.shape, range(out.ndim - v.ndim, out.ndim))]) \
+        if isinstance(v, View) else Const(v)
     old = kb.load(x, idx)
     new = Call("add", (old, val)) if accumulate else val
     ctx.emit(kb, out, idx, Call("select", (kb.load(m, idx[:m.ndim]), new, old)))
