@@ -58,7 +58,7 @@ def operator_calls(p: Program) -> int:
                for lps in loops_of.values())
 
 
-def output_dtype(p: Program) -> str:
+def tolerance_dtype(p: Program) -> str:
     """The coarsest floating dtype the program stores a value in (what its tolerance is set
     by): its outputs and its intermediates, since the reference rounds every value it
     stores in a narrow type and the IR, run wide, does not (``(x.half() + c).float()``

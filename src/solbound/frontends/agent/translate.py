@@ -33,7 +33,7 @@ from ...ir.execute import ExecutionError, execute, np_dtype
 from ...ir.model import EXTERNAL_ROLES, DTYPE_BYTES, FLOAT_DTYPES, Program
 from ...ir.text import IRSyntaxError, parse_program
 from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, estimate_cost,
-                                 max_reduction, output_dtype, rel_error, tolerance)
+                                 max_reduction, tolerance_dtype, rel_error, tolerance)
 from . import prompt
 from .cache import Cache, cache_key
 from .endpoint import AgentError, Endpoint
@@ -233,7 +233,7 @@ def verify(p: Program, target: Target, feeds: list[np.ndarray], expected: list[n
     except Exception as e:  # noqa: BLE001 - any failure of a model's IR is feedback
         raise Rejected("run", f"the IR failed to run: {type(e).__name__}: {e}") from None
     writers = {o: k.name for k in p.kernels for o in k.outputs}
-    tol = tolerance(output_dtype(full), max_reduction(full), len(full.kernels))
+    tol = tolerance(tolerance_dtype(full), max_reduction(full), len(full.kernels))
     outs, worst = [], 0.0
     for o, want in zip(target.outputs, expected):
         got = arrays[o.name]

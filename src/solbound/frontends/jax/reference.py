@@ -285,7 +285,7 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
     """Compare the IR with ``fn(*args)`` run by JAX (a result dict as validation's)."""
     import jax
     from ...ir.execute import ExecutionError, execute
-    from ...validate.compare import compare, max_reduction, output_dtype, tolerance
+    from ...validate.compare import compare, max_reduction, tolerance_dtype, tolerance
 
     t0 = time.perf_counter()
     if lowered.unsupported:
@@ -318,7 +318,7 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
         if k.out in draws:
             arrays[k.out][...] = draws[k.out].reshape(arrays[k.out].shape)
     p = lowered.program
-    src_dtype = output_dtype(p)
+    src_dtype = tolerance_dtype(p)
     tol = tolerance(src_dtype, max_reduction(p), len(lowered.groups))
     try:
         arrays = execute(p, feeds, on_kernel=replay if draws else None)
@@ -401,7 +401,7 @@ def validate_shard_map(lowered, fn, args, seed: int = 0) -> dict:
     JAX's outputs (``in_specs``/``out_specs`` say which block)."""
     import jax
     from ...ir.execute import ExecutionError, execute_spmd
-    from ...validate.compare import (compare, max_reduction, output_dtype, per_rank_result,
+    from ...validate.compare import (compare, max_reduction, tolerance_dtype, per_rank_result,
                                      tolerance)
     t0 = time.perf_counter()
     mesh_info = lowered.mesh
@@ -442,7 +442,7 @@ def validate_shard_map(lowered, fn, args, seed: int = 0) -> dict:
         golden.append([_golden(_block(o, s, axes, coords))
                        for o, s in zip(outs, mesh_info["out_specs"])])
     p = lowered.program
-    src_dtype = output_dtype(p)
+    src_dtype = tolerance_dtype(p)
     tol = tolerance(src_dtype, max_reduction(p), len(lowered.groups))
     try:
         arrays = execute_spmd(p, feeds)

@@ -17,7 +17,7 @@ from ...ir.model import Call, walk
 from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, F64_SHRINK,
                                  _InputScale, _is_constant, _max_abs_diff, _progress,
                                  _strided, _structure, compare, estimate_cost,
-                                 fits_budget, max_reduction, operator_calls, output_dtype,
+                                 fits_budget, max_reduction, operator_calls, tolerance_dtype,
                                  rel_error, tolerance, tolerance_rule)
 
 def _to_np(t) -> np.ndarray:
@@ -291,7 +291,7 @@ def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
                 arrays[k.out][...] = draws[k.out].reshape(arrays[k.out].shape)
     else:
         gold = run_original(model, inputs, lowered, ep)
-    src_dtype = output_dtype(p)
+    src_dtype = tolerance_dtype(p)
     tol = tolerance(src_dtype, max_reduction(p), operator_calls(p))
     try:
         with _progress(len(p.kernels)) as tick:

@@ -24,7 +24,7 @@ def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0, ep: int 
                   max_bytes: int | None = None, max_seconds: float | None = None) -> dict:
     from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, _InputScale,
                                      _structure, compare, estimate_cost, max_reduction,
-                                     operator_calls, output_dtype, per_rank_result,
+                                     operator_calls, tolerance_dtype, per_rank_result,
                                      tolerance, tolerance_rule)
     t0 = time.perf_counter()
     if problem is None:
@@ -53,7 +53,7 @@ def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0, ep: int 
                           "structure than the analyzed one", "seconds": time.perf_counter() - t0}
     from ...ir.execute import ExecutionError, execute_spmd
     p = low0.program
-    src_dtype = output_dtype(p)
+    src_dtype = tolerance_dtype(p)
     tol = tolerance(src_dtype, max_reduction(p), operator_calls(p) + len(rep.counts.collectives))
     try:
         arrays = execute_spmd([r["lowered"].program for r in ranks],
