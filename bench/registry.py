@@ -37,7 +37,7 @@ def one(task: str, model_type: str, validate: bool = True) -> dict:
     try:
         b = zoo.build(model_type, task)
     except Exception as e:  # noqa: BLE001
-        rec.update(status="error", error=oneline(e))
+        rec.update(status="error", error=oneline(e), upstream=getattr(e, "default_broken", False))
         return rec
     rec["arch"] = b.arch
     rec["stage"] = "analyze"
@@ -66,8 +66,9 @@ def one(task: str, model_type: str, validate: bool = True) -> dict:
                     full(*args)
             except Exception as e3:  # noqa: BLE001
                 if type(e3) is type(e2) and str(e3).split("\n")[0] == str(e2).split("\n")[0]:
-                    rec.update(stage="upstream", error=f"transformers' own default config, full size, "
-                                                       f"fails the same way: {oneline(e2)}")
+                    rec.update(stage="upstream", upstream=True,
+                               error=f"transformers' own default config, full size, fails the "
+                                     f"same way: {oneline(e2)}")
         return rec
     rec.update(macs=rep.counts.macs, flops=sum(rep.counts.flops.values()),
                fused_bytes=rep.counts.fused.bytes, kernels=len(rep.program.kernels),
@@ -139,9 +140,7 @@ def summary(recs: list[dict]) -> str:
     head = "| task | tried | analyzed, nothing unsupported | validated |\n|---|---|---|---|\n"
     upstream = []
     for task in sorted({r["task"] for r in recs}):
-        n = sum(1 for r in recs if r["task"] == task and r["status"] == "error"
-                and (r.get("stage") == "upstream" or "transformers' default" in r.get("error", "")
-                     or "the default config does not construct" in r.get("error", "")))
+        n = sum(1 for r in recs if r["task"] == task and r.get("upstream"))
         if n:
             upstream.append(f"{task}: {n} of {sum(r['task'] == task for r in recs)} fail in "
                             f"transformers' own default config (it does not build, or its default "

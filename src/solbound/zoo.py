@@ -284,11 +284,12 @@ def shrink_config(cfg, wider: int = 1, repeat: int = 1, image: int = 0) -> tuple
 
     def shrink(c, prefix):
         values = c.to_dict()
+        fields = _class_fields(type(c))
         # a declared field as the config holds it, where its serialized form differs (Dory
         # serializes each layer as an attention and an MLP block, doubling every layer
         # count, and halves them again on load): the config is rebuilt from keywords, which
         # a class reads as it holds them
-        for f in _class_fields(type(c)) or ():
+        for f in fields or ():
             try:
                 v = getattr(c, f)
             except Exception:  # noqa: BLE001 - a per-layer field read globally (Gemma 4)
@@ -308,7 +309,6 @@ def shrink_config(cfg, wider: int = 1, repeat: int = 1, image: int = 0) -> tuple
         # __post_init__ computes (Zamba 2's attention and Mamba head sizes from the model
         # width): passed back as a keyword, it would override the derivation afterwards
         # (sizes only: counts of layers, heads, experts and tokens stay the shrinker's)
-        fields = _class_fields(type(c))
         if fields is not None:
             derived |= {k for k, v in values.items() if k not in fields and k not in subs
                         and not isinstance(v, (str, dict)) and _SIZED(k, v)
@@ -455,7 +455,8 @@ def build(model_type: str, task: str = "causal-lm") -> Built:
             default = own()
     except Exception as e:  # noqa: BLE001
         raise ShrinkError(f"{model_type}: the default config does not construct: "
-                          f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+                          f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
+                          default_broken=True) from None
     # the narrowest widths and fewest layers first. A model that does not build or whose
     # default call fails there is built again with the width caps doubled, then doubled
     # again (never over 256: xLSTM's config rounds its key width up to a multiple of 64
@@ -492,18 +493,24 @@ def user_default(default, task: str):
     default itself is never built."""
     import copy
     d = copy.deepcopy(default)
-    if task == "causal-lm" and getattr(d, "is_decoder", None) is False:
-        d.is_decoder = True
+    _as_users_build(d, task)
     return d
+
+
+def _as_users_build(cfg, task: str) -> bool:
+    """Set ``cfg`` as a user of ``task`` builds it: a causal LM is a decoder (the encoder
+    families registered for the task, BERT, RoBERTa, X-MOD, Reformer, ask their users to
+    say so, and refuse or warn without it). True where that changed it."""
+    if task == "causal-lm" and getattr(cfg, "is_decoder", None) is False:
+        cfg.is_decoder = True
+        return True
+    return False
 
 
 def _build_one(cls, cls_name, default, task, model_type, wider, repeat, image=0) -> Built:
     import torch
     cfg, changed = shrink_config(default, wider, repeat, image)
-    # a causal LM is a decoder: the encoder families registered for the task (BERT,
-    # RoBERTa, X-MOD, Reformer) ask their users to say so, and refuse or warn without it
-    if task == "causal-lm" and getattr(cfg, "is_decoder", None) is False:
-        cfg.is_decoder = True
+    if _as_users_build(cfg, task):
         changed["is_decoder"] = (False, True)
     torch.manual_seed(0)
     try:
@@ -524,5 +531,4 @@ def _build_one(cls, cls_name, default, task, model_type, wider, repeat, image=0)
     if hasattr(model, "set_default_language") and langs:
         model.set_default_language(list(langs)[0])
     inputs = _inputs(task, cfg, model)
-    return Built(cls_name, model_type, task, model, inputs, cfg, changed,
-                 user_default(default, task))
+    return Built(cls_name, model_type, task, model, inputs, cfg, changed, default)
