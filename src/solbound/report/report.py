@@ -60,6 +60,9 @@ class Report:
     agent: dict | None = None
     # what the fidelities computed once for this program (the cache-aware segment model)
     memo: dict = field(default_factory=dict, repr=False)
+    # the frontend's capture the IR was lowered from (PyTorch: the ExportedProgram), which
+    # validation runs the analyzed IR beside: one program, one verdict
+    exported: Any = field(default=None, repr=False)
 
     # --- access -------------------------------------------------------------
     @property

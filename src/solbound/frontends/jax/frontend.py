@@ -49,6 +49,7 @@ def analyze_function(fn, args, *, arch=None, precision_policy=None, source=None,
                           timings={"export_s": time.perf_counter() - t0}, cache=cache,
                           modes=modes)
     rep.world_size = getattr(lowered, "world_size", 1)
+    lowered = rep.lowered           # one program, one verdict: what was analyzed runs
     if validate and rep.world_size > 1:
         from .reference import validate_shard_map
         rep.validation = validate_shard_map(lowered, fn, tuple(args), seed=seed)

@@ -11,18 +11,24 @@ import time
 import numpy as np
 
 
-def real_args(args, seed: int = 0, ones: frozenset[int] = frozenset()):
+def real_args(args, seed: int = 0, ones: frozenset[int] = frozenset(),
+              domains: dict[int, tuple] | None = None):
     """Concrete values for ``args``: arrays kept, ``ShapeDtypeStruct`` leaves drawn (the
     leaves numbered in ``ones``, integer inputs used as masks, hold ones: a mask that keeps
-    everything, as a boolean leaf does)."""
+    everything, as a boolean leaf does). ``domains`` (leaf number -> a domain of
+    ``validate.inputs.input_domains``): an index is drawn inside its table, a value that
+    must not be negative from ``|N(0, 1)|``."""
+    domains = domains or {}
     import jax
     import jax.numpy as jnp
     rng = np.random.default_rng(seed)
     count = iter(range(1 << 62))
 
     def draw(x):
-        if next(count) in ones and isinstance(x, jax.ShapeDtypeStruct):
+        i = next(count)
+        if i in ones and isinstance(x, jax.ShapeDtypeStruct):
             return jnp.ones(x.shape, x.dtype)
+        dom = domains.get(i, ())
         if not isinstance(x, jax.ShapeDtypeStruct):
             return x
         if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -30,9 +36,12 @@ def real_args(args, seed: int = 0, ones: frozenset[int] = frozenset()):
             return keys.reshape(x.shape)
         dt = np.dtype(x.dtype) if x.dtype != jnp.bfloat16 else None
         if dt is None or np.issubdtype(dt, np.floating):
-            return jnp.asarray(rng.standard_normal(x.shape).astype(np.float32), dtype=x.dtype)
+            v = rng.standard_normal(x.shape).astype(np.float32)
+            return jnp.asarray(np.abs(v) if dom[:1] == ("nonneg",) else v, dtype=x.dtype)
         if dt == np.bool_:
             return jnp.ones(x.shape, x.dtype)      # a mask that keeps everything
+        if dom[:1] == ("index",) and dom[1] > 0:
+            return jnp.asarray(rng.integers(0, dom[1], x.shape), dtype=x.dtype)
         return jnp.zeros(x.shape, x.dtype)
     return jax.tree_util.tree_map(draw, args, is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
 
@@ -248,14 +257,16 @@ def _golden(o) -> np.ndarray:
     return v.astype(np.float64) if v.dtype.kind in "fV" else v
 
 
-def _stepped_run(lowered, fn, values, feeds, tol, on_kernel):
+def _stepped_run(lowered, fn, values, feeds, tol, on_kernel, wide: bool = False):
     """The IR run with each iteration of every top-level loop started from JAX's carries
     (``stepped_reference``): a recurrence that amplifies rounding is checked one step at a
     time. Before each iteration (and after the last) the IR's carry, which its previous
     iteration (or the initial copy) computed, is compared with JAX's and then replaced by
-    it. Returns (reference outputs, the comparison of outputs, one entry per loop)."""
+    it. Returns (reference outputs, the comparison of outputs, one entry per loop (with
+    ``diffs``, the largest absolute difference of the carries per iteration), the IR's
+    arrays). ``wide``: the IR in float64 (for ``values`` given in float64 under x64)."""
     from ...ir.execute import execute
-    from ...validate.compare import compare, rel_error
+    from ...validate.compare import _max_abs_diff, compare, rel_error
     outs, hists = stepped_reference(lowered, fn, values)
     golden = [_golden(o) for o in outs]
     loops: dict[int, dict] = {}
@@ -266,7 +277,7 @@ def _stepped_run(lowered, fn, values, feeds, tol, on_kernel):
             return
         st = loops.setdefault(loop[2], {"source": info["source"], "iterations": loop[1],
                                         "worst_rel_error": 0.0, "ok": True,
-                                        "first_bad_iteration": None})
+                                        "first_bad_iteration": None, "bad": [], "diffs": {}})
         for name, h in zip(info["carries"], ref):
             if name is None or h.shape[0] != loop[1] + 1 or arrays[name].size != h.size:
                 continue
@@ -274,18 +285,92 @@ def _stepped_run(lowered, fn, values, feeds, tol, on_kernel):
             if name not in lowered.partial:
                 err = rel_error(a[it], r[it])
                 st["worst_rel_error"] = max(st["worst_rel_error"], err)
-                if not err <= tol and st["ok"]:
-                    st["ok"], st["first_bad_iteration"] = False, it
+                st["diffs"][it] = max(st["diffs"].get(it, 0.0), _max_abs_diff(a[it], r[it]))
+                if not err <= tol:
+                    st["bad"].append(it)
+                    if st["ok"]:
+                        st["ok"], st["first_bad_iteration"] = False, it
             a[it] = r[it]
-    arrays = execute(lowered.program, feeds, on_kernel=on_kernel, on_iteration=force)
-    return golden, compare(lowered, arrays, golden, tol), list(loops.values())
+    arrays = execute(lowered.program, feeds, on_kernel=on_kernel, on_iteration=force,
+                     wide=wide)
+    return golden, compare(lowered, arrays, golden, tol), list(loops.values()), arrays
+
+
+def _stepped_f64(lowered, fn, values, feeds, golden32, outs, loops, arrays32, tol) -> None:
+    """Re-judge a stepped run's misses in float64 (``validate.compare.rejudge_in_f64``):
+    the same stepped run under x64 with the floating inputs widened and the IR wide. A
+    loop's iteration whose carries missed the tolerance passes when their difference
+    shrinks ``F64_SHRINK`` times; so do the outputs."""
+    from ...validate.compare import F64_SHRINK, rejudge_failed, rejudge_in_f64
+    try:
+        with _x64():
+            golden64, _, loops64, arrays64 = _stepped_run(lowered, fn, _widened(values),
+                                                          feeds, tol, None, wide=True)
+    except Exception as e:  # noqa: BLE001 - a function that does not run in float64
+        rejudge_failed(outs, f"{type(e).__name__}: {e}")
+        return
+    rejudge_in_f64(lowered, outs, golden32, golden64, arrays32, arrays64)
+    for lp, lp64 in zip(loops, loops64):
+        if lp["ok"]:
+            continue
+        shrunk = all(it in lp64["diffs"] and lp64["diffs"][it] <= F64_SHRINK * lp["diffs"][it]
+                     for it in lp["bad"])
+        lp["f64_check"] = {"ran": True, "iterations": len(set(lp["bad"])),
+                           "f32_max_abs_diff": max(lp["diffs"][it] for it in lp["bad"]),
+                           "f64_max_abs_diff": max((lp64["diffs"].get(it, float("inf"))
+                                                    for it in lp["bad"]), default=0.0)}
+        if shrunk:
+            lp["ok"], lp["first_bad_iteration"] = True, None
+
+
+def _x64():
+    """JAX with 64-bit types enabled, inside the block."""
+    import jax
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64       # JAX before 0.7
+    return enable_x64()
+
+
+def _widened(values):
+    """``values`` with every floating leaf in float64 (call under :func:`_x64`)."""
+    import jax
+    import jax.numpy as jnp
+
+    def wide(v):
+        if hasattr(v, "dtype") and jnp.issubdtype(v.dtype, jnp.floating):
+            return jnp.asarray(np.asarray(v, dtype=np.float64))
+        return v
+    return jax.tree_util.tree_map(wide, values)
+
+
+def _recheck_in_f64(lowered, fn, values, feeds, golden32, outs, arrays32) -> None:
+    """Re-judge the outputs that missed the tolerance in float64
+    (``validate.compare.rejudge_in_f64``): ``fn`` under ``enable_x64`` with its floating
+    arguments widened (JAX computes in the inputs' type where the program does not cast
+    itself), and the IR run wide, from the same values."""
+    import jax
+    from ...ir.execute import execute
+    from ...validate.compare import rejudge_failed, rejudge_in_f64
+
+    try:
+        with _x64():
+            values64 = _widened(values)
+            golden64 = [_golden(o) for o in jax.tree_util.tree_leaves(fn(*values64))]
+        arrays64 = execute(lowered.program, feeds, wide=True)
+    except Exception as e:  # noqa: BLE001 - a function that does not run in float64
+        rejudge_failed(outs, f"{type(e).__name__}: {e}")
+        return
+    rejudge_in_f64(lowered, outs, golden32, golden64, arrays32, arrays64)
 
 
 def validate(lowered, fn, args, seed: int = 0) -> dict:
     """Compare the IR with ``fn(*args)`` run by JAX (a result dict as validation's)."""
     import jax
     from ...ir.execute import ExecutionError, execute
-    from ...validate.compare import compare, max_reduction, tolerance_dtype, tolerance
+    from ...validate.compare import (compare, f64_summary, max_reduction, tolerance_dtype,
+                                     tolerance)
+    from ...validate.inputs import input_domains
 
     t0 = time.perf_counter()
     if lowered.unsupported:
@@ -302,16 +387,25 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
                 "reason": f"a random draw inside a loop or a branch "
                           f"({lowered.draws_unreplayable}) cannot be replayed: not comparable"}
     masks = set(getattr(lowered, "mask_inputs", ()))
-    values = real_args(args, seed, frozenset(i for i, spec in enumerate(lowered.inputs)
-                                             if spec.get("ir") in masks))
+    ones = frozenset(i for i, spec in enumerate(lowered.inputs) if spec.get("ir") in masks)
+    by_ir = input_domains(lowered.program)
+    domains = {i: by_ir[spec["ir"]] for i, spec in enumerate(lowered.inputs)
+               if spec.get("ir") in by_ir}
+    # a draw whose reference is not finite says nothing: draw again (and say so)
+    redraws: list[str] = []
+    for attempt in range(DRAWS):
+        values = real_args(args, seed + attempt, ones, domains)
+        golden = [_golden(o) for o in jax.tree_util.tree_leaves(fn(*values))]
+        bad = _not_finite(golden)
+        if not bad:
+            break
+        redraws.append(f"draw {attempt + 1}: output {bad[0]} not finite")
     leaves = jax.tree_util.tree_leaves(values)
     feeds = {spec["ir"]: np.asarray(_plain(v), dtype=np.float64
                                     if _plain(v).dtype.kind == "V" else None)
              for spec, v in zip(lowered.inputs, leaves) if spec.get("ir")}
     for st in lowered.state:
         feeds[st["ir"]] = np.asarray(st["value"])
-    out = fn(*values)
-    golden = [_golden(o) for o in jax.tree_util.tree_leaves(out)]
     draws = recorded_draws(lowered, fn, values) if lowered.random_draws else {}
 
     def replay(k, arrays):
@@ -326,17 +420,24 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}
     outs = compare(lowered, arrays, golden, tol)
+    if not all(o["ok"] for o in outs) and not draws:
+        _recheck_in_f64(lowered, fn, values, feeds, golden, outs, arrays)
     ok = all(o["ok"] for o in outs)
     worst = max((o["worst_rel_error"] or 0.0 for o in outs), default=0.0)
-    reference, extra, summary = "the function run by JAX on the CPU", {}, ""
+    reference, extra, summary = "the function run by JAX on the CPU", {}, f64_summary(outs)
     if not ok and getattr(lowered, "loop_carries", None):
         # a recurrence may amplify rounding (a tanh RNN with drawn weights doubles a one-ulp
         # difference every few steps): each iteration again, from JAX's own carries
         try:
-            golden_f, outs_f, loops = _stepped_run(lowered, fn, values, feeds, tol,
-                                                   replay if draws else None)
+            golden_f, outs_f, loops, arrays_f = _stepped_run(lowered, fn, values, feeds, tol,
+                                                             replay if draws else None)
         except ExecutionError:
             loops = []
+        if loops and not draws and not (all(o["ok"] for o in outs_f)
+                                        and all(lp["ok"] for lp in loops)):
+            _stepped_f64(lowered, fn, values, feeds, golden_f, outs_f, loops, arrays_f, tol)
+        for lp in loops:
+            del lp["bad"], lp["diffs"]
         if loops:
             unforced = worst
             golden, outs = golden_f, outs_f
@@ -358,6 +459,11 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
                 summary = (f"; every loop iteration agrees from JAX's carries (run through "
                            f"without them, the recurrence amplifies rounding to "
                            f"{unforced:.3g})")
+                rounding = sum(lp.get("f64_check", {}).get("iterations", 0) for lp in loops)
+                if rounding:
+                    summary += (f"; {rounding} iteration(s) over the tolerance are rounding "
+                                f"(their difference shrinks in float64)")
+            summary += f64_summary(outs)
     res = {"status": "passed" if ok else "failed", "tolerance": tol, "outputs": outs, **extra,
            **({} if ok else {"first_divergence": first_divergence(lowered, fn, values,
                                                                   arrays, tol)}),
@@ -365,16 +471,27 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
            "summary": f"worst relative error {worst:.3g} (tolerance {tol:.3g}){summary}",
            "seconds": time.perf_counter() - t0}
     from ...validate.compare import _is_constant
-    bad = [i for i, g in enumerate(golden)
-           if np.issubdtype(np.asarray(g).dtype, np.floating) and not np.all(np.isfinite(g))]
+    if redraws:
+        res["redraws"] = redraws
+        res["summary"] += f"; inputs drawn {len(redraws) + (not bad)} times ({redraws[0]})"
     const = [i for i, g in enumerate(golden) if np.size(g) > 1 and _is_constant(g)]
     if ok and (bad or const):
         res["status"] = "inconclusive"
         res["reason"] = (f"output {(bad or const)[0]} is "
-                         f"{'not finite' if bad else 'constant'} in the reference run (drawn "
-                         f"parameters such as a negative variance, or a constant result): "
-                         f"agreeing with it proves little; pass real values to check")
+                         + (f"not finite in the reference run for each of {DRAWS} draws of "
+                            f"the inputs" if bad else
+                            "constant in the reference run (a constant result)")
+                         + ": agreeing with it proves little; pass real values to check")
     return res
+
+
+DRAWS = 3         # draws of the inputs tried before a non-finite reference is inconclusive
+
+
+def _not_finite(golden: list) -> list[int]:
+    """The reference outputs with a value that is not finite."""
+    return [i for i, g in enumerate(golden)
+            if np.issubdtype(np.asarray(g).dtype, np.floating) and not np.all(np.isfinite(g))]
 
 
 def _block(a: np.ndarray, spec: tuple, axes: dict, coords: dict) -> np.ndarray:

@@ -486,6 +486,7 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
     from .loops import NOTES as LOOP_NOTES, SOURCES as LOOP_SOURCES, loops_as_scans
     from .routing import DEFAULT_ROUTING, RoutingMode, counts_note, routing_note, sizes_note
     lifted = False
+    traced_literals = False     # scalar literals made in forward as constants, first
     mode = None
     strict = False          # non-strict first; strict (TorchDynamo) when that fails
     registered: set[str] = set()
@@ -501,7 +502,8 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                     (torch.device(home) if home is not None else contextlib.nullcontext()), \
                     _traceable_experts(model, not keep_experts) as experts, \
                     (mode if mode is not None else contextlib.nullcontext()), \
-                    (_literal_values() if not strict else contextlib.nullcontext()), \
+                    (_literal_values(traced_literals) if not strict
+                     else contextlib.nullcontext()), \
                     (loops_as_scans(model) if not strict else contextlib.nullcontext()):
                 warnings.simplefilter("ignore")
                 del LOOP_NOTES[:], LOOP_SOURCES[:]
@@ -545,6 +547,9 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
             if not lifted and "mutated" in str(e) and _lift_tensor_attributes(model):
                 lifted = True
                 continue   # a plain tensor attribute updated in forward: now a buffer
+            if not traced_literals and not strict and _MUTATED_CONSTANT.search(str(e)):
+                traced_literals = True
+                continue   # a literal made in forward and updated there: now an operator
             if "can require gradients" in str(e) and not frozen:
                 # a quantized tensor-subclass parameter (optimum-quanto's frozen weights)
                 # that export unwraps into integer tensors, which cannot require gradients:
@@ -593,6 +598,9 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
                                    if first_failure is not None else "")) from None
 
 
+_MUTATED_CONSTANT = re.compile(r"Constant \S+ is mutated in the forward method")
+
+
 def _loop_notes() -> list[str]:
     """What happened to the Python loops over steps while tracing (``loops.py``), one line
     per loop (a loop called once per layer is named once, with its count)."""
@@ -606,16 +614,29 @@ def _loop_notes() -> list[str]:
 LITERAL_ATTR = "_solbound_literal"
 
 
-def _literal_values():
+def _literal_values(traced: bool = False):
     """``torch.tensor(literal)`` made in forward on the meta device (GPT-Neo's mask value,
     ``torch.tensor(torch.finfo(dtype).min, device=x.device)``) has no value there: the
     literal is kept on the tensor (``LITERAL_ATTR``), so the lowering knows the constant
-    as it would on a real device."""
+    as it would on a real device.
+
+    ``traced``: a scalar literal is made by ``torch.full`` instead, an operator of the
+    traced program rather than a constant export lifts out of it. A constant the program
+    updates in place cannot be lifted (transformers 5.25's linear-attention cache layer
+    makes its token counter ``torch.tensor(0)`` in forward and ``add_``s to it: "Constant
+    ... is mutated in the forward method"); the export is retried this way then."""
     import torch
     from torch.overrides import TorchFunctionMode
 
     class Mode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
+            if traced and func is torch.tensor and args and isinstance(args[0], (bool, int, float)) \
+                    and set(kwargs or {}) <= {"dtype", "device"}:
+                kw = dict(kwargs or {})
+                dtype = kw.get("dtype") or (torch.bool if isinstance(args[0], bool) else
+                                            torch.int64 if isinstance(args[0], int) else
+                                            torch.get_default_dtype())
+                return torch.full((), args[0], dtype=dtype, device=kw.get("device"))
             out = func(*args, **(kwargs or {}))
             if func is torch.tensor and args and isinstance(out, torch.Tensor) \
                     and out.device.type == "meta" and _is_literal(args[0]):

@@ -81,6 +81,7 @@ def analyze_module(module, inputs: Sequence, arch=None, precision_policy: str | 
     rep.train = {"optimizer": optimizer, "problem_module": problem_module} if train else None
     rep.select_fraction = select_fraction
     rep.reroll = reroll
+    rep.exported = ep
     rep.sizes_assumed = bool(getattr(ep, "solbound_sizes_assumed", False))
     if validate:
         from .reference import validate_report

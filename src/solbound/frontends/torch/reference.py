@@ -14,11 +14,11 @@ import numpy as np
 
 from ...ir.execute import ExecutionError, execute
 from ...ir.model import Call, walk
-from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, F64_SHRINK,
-                                 _InputScale, _is_constant, _max_abs_diff, _progress,
-                                 _strided, _structure, compare, estimate_cost,
-                                 fits_budget, max_reduction, operator_calls, tolerance_dtype,
-                                 rel_error, tolerance, tolerance_rule)
+from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, _InputScale,
+                                 _is_constant, _progress, _strided, _structure, compare,
+                                 estimate_cost, f64_summary, fits_budget, max_reduction,
+                                 operator_calls, rejudge_failed, rejudge_in_f64,
+                                 tolerance_dtype, rel_error, tolerance, tolerance_rule)
 
 def _to_np(t) -> np.ndarray:
     import torch
@@ -61,6 +61,28 @@ def _feeds(lowered, inputs: tuple, state_of) -> dict[str, np.ndarray]:
         else:
             feeds[s["ir"]] = _to_np(state_of(s["target"]))
     return feeds
+
+
+def _on_cpu(x):
+    """A device argument of a graph traced on the meta device, for a run on real tensors."""
+    import torch
+    if isinstance(x, torch.device) and x.type == "meta":
+        return torch.device("cpu")
+    return "cpu" if isinstance(x, str) and x == "meta" else x
+
+
+def _interpreter():
+    """``torch.fx.Interpreter`` for the analyzed graph on real tensors: a graph traced on
+    the meta device makes its own tensors there (``arange(..., device=meta)``), which run
+    on the CPU instead."""
+    from torch.fx import Interpreter
+    from torch.utils._pytree import tree_map
+
+    class OnCPU(Interpreter):
+        def call_function(self, target, args, kwargs):
+            return super().call_function(target, tree_map(_on_cpu, args),
+                                         tree_map(_on_cpu, kwargs))
+    return OnCPU
 
 
 def _graph_args(ep, model, inputs: tuple) -> list:
@@ -113,11 +135,10 @@ def replay_draws(ep, lowered, args: list) -> tuple[list, dict, dict]:
     """Run the exported graph on ``args`` (``torch.fx.Interpreter``), recording each random
     node's output: (graph outputs, IR tensor -> the values drawn there, node -> value)."""
     import torch
-    from torch.fx import Interpreter
     wanted = {node for node, _ in lowered.random_draws.values()}
     recorded: dict[str, Any] = {}
 
-    class Recorder(Interpreter):
+    class Recorder(_interpreter()):
         def run_node(self, n):
             val = super().run_node(n)
             if n.name in wanted:
@@ -136,19 +157,11 @@ def replay_draws(ep, lowered, args: list) -> tuple[list, dict, dict]:
 
 def recheck_in_f64(lowered, ep, model, inputs, golden32: list, outs: list[dict],
                    arrays32: dict) -> None:
-    """Re-judge the fp32 outputs that missed the tolerance: is the disagreement rounding?
-
-    An output can be ill-conditioned: the running mean of a batch norm whose input has
-    zero mean per channel by construction is a cancellation, and PyTorch's own fp32
-    value is then rounding noise, which no relative tolerance accepts. Both the
-    framework and the IR are run again in float64 from the same values (rounding 5e8
-    times smaller). A disagreement that is rounding shrinks with it, whatever the
-    output's conditioning; one that is a wrong rule does not. The output passes when
-    ``max|ir-ref|`` in float64 is at most ``F64_SHRINK`` times its fp32 value. Each
-    re-judged output records ``f64_check``."""
+    """Re-judge the fp32 outputs that missed the tolerance in float64
+    (``validate.compare.rejudge_in_f64``): the module (``.double()``) and the IR (run
+    wide) again from the same values."""
     import torch
-    failing = [i for i, o in enumerate(outs) if not o["ok"] and o["worst_rel_error"] is not None]
-    if not failing:
+    if all(o["ok"] or o["worst_rel_error"] is None for o in outs):
         return
     try:
         model = copy.deepcopy(model).double()
@@ -157,23 +170,9 @@ def recheck_in_f64(lowered, ep, model, inputs, golden32: list, outs: list[dict],
         gold64 = run_original(model, inputs64, lowered, ep)
         arrays64 = execute(lowered.program, gold64["feeds"], wide=True)
     except Exception as e:  # noqa: BLE001 - a program that does not run in float64
-        for i in failing:
-            outs[i]["f64_check"] = {"ran": False, "reason": f"{type(e).__name__}: {e}"[:200]}
+        rejudge_failed(outs, f"{type(e).__name__}: {e}")
         return
-    # ``outs`` has one entry per output with a golden value (see ``compare``)
-    entries = [j for j, g in enumerate(golden32) if g is not None]
-    for i in failing:
-        j = entries[i]
-        o, g32, g64 = lowered.outputs[j], golden32[j], gold64["golden"][j]
-        if o.get("ir") is None or g64 is None:
-            continue
-        view = (o["shape"], o["strides"], o["offset"])
-        d32 = _max_abs_diff(_strided(arrays32[o["ir"]], *view), g32)
-        d64 = _max_abs_diff(_strided(arrays64[o["ir"]], *view), g64)
-        outs[i]["f64_check"] = {"ran": True, "f32_max_abs_diff": d32, "f64_max_abs_diff": d64,
-                                "framework_f32_vs_f64": _max_abs_diff(g32, g64)}
-        if math.isfinite(d32) and d64 <= F64_SHRINK * d32:
-            outs[i]["ok"] = True
+    rejudge_in_f64(lowered, outs, golden32, gold64["golden"], arrays32, arrays64)
 
 
 def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
@@ -185,7 +184,6 @@ def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
     Random nodes return the values in ``replay`` (node name -> value) that the golden
     run drew; tensors computed only where read (``lowered.partial``) are not compared."""
     import torch
-    from torch.fx import Interpreter
 
     scale = scale or _InputScale(lowered.program, arrays)
     args = args if args is not None else _graph_args(ep, model, inputs)
@@ -193,7 +191,7 @@ def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
     for k in lowered.program.kernels:
         produced.setdefault(k.out, k.name)
 
-    class Probe(Interpreter):
+    class Probe(_interpreter()):
         def __init__(self, gm):
             super().__init__(gm)
             self.found = None
@@ -226,7 +224,16 @@ def first_divergence(ep, lowered, model, inputs, arrays, tol: float,
 
 def _state_value(model, target: str, ep=None):
     """A parameter/buffer of the model, or a constant torch.export lifted out of forward
-    (e.g. ``torch.tensor(...)``), which lives in the exported program."""
+    (e.g. ``torch.tensor(...)``), which lives in the exported program. A value the
+    analyzed trace holds only on the meta device (or as a fake tensor) is taken from the
+    real program (:func:`_real_value`)."""
+    val = _lookup(model, target, ep)
+    if _is_abstract(val):
+        val = _real_value(ep, target, val)
+    return val
+
+
+def _lookup(model, target: str, ep):
     try:
         return _resolve(model, target)
     except AttributeError:
@@ -244,6 +251,43 @@ def _state_value(model, target: str, ep=None):
             val = _resolve(model, f"{m.group(1)}.{m.group(2)}")
             return val.to_local() if hasattr(val, "to_local") else val
         raise
+
+
+def _is_abstract(val) -> bool:
+    """A tensor with no values: on the meta device, or a fake tensor of a trace."""
+    import torch
+    if not isinstance(val, torch.Tensor):
+        return False
+    from torch._subclasses.fake_tensor import FakeTensor
+    return val.device.type == "meta" or isinstance(val, FakeTensor)
+
+
+def _real_value(ep, target: str, val):
+    """The value of a constant or unwrapped parameter that the analyzed trace holds
+    without values: a literal it was made from (``torch.tensor(-1e4)``, kept on the meta
+    tensor), a routing decision's shadow, else the same state of the real program's own
+    export (``ep.solbound_real_export``, made on first use: state is named by module path,
+    which does not depend on the device), checked for shape and dtype."""
+    import torch
+    from .capture import LITERAL_ATTR
+    from .routing import VALUE_ATTR
+    lit = getattr(val, LITERAL_ATTR, None)
+    if lit is not None:
+        return torch.tensor(lit, dtype=val.dtype).expand(val.shape)
+    ref = getattr(val, VALUE_ATTR, None)
+    if ref is not None:
+        return ref
+    real = getattr(ep, "solbound_real_export", None)
+    got = None
+    if real is not None:
+        rep = real()
+        got = rep.constants.get(target, rep.state_dict.get(target))
+    if got is None or _is_abstract(got) or tuple(got.shape) != tuple(val.shape) \
+            or got.dtype != val.dtype:
+        raise HarnessError(f"the analyzed program's {target} ({val.dtype}, "
+                           f"{list(val.shape)}) was traced without values, and the real "
+                           f"program holds none like it")
+    return got
 
 
 def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
@@ -332,11 +376,7 @@ def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
     worst = max((math.inf if o["worst_rel_error"] is None else o["worst_rel_error"]
                  for o in outs), default=0.0)
     res["summary"] = f"worst relative error {worst:.3g} (tolerance {tol:.3g})"
-    rechecked = [o for o in outs if o.get("f64_check", {}).get("ran")]
-    if rechecked:
-        passed = sum(o["ok"] for o in rechecked)
-        res["summary"] += (f"; {passed} of {len(rechecked)} outputs over it are rounding "
-                           f"(their difference shrinks in float64)")
+    res["summary"] += f64_summary(outs)
     return res
 
 
@@ -454,6 +494,29 @@ def _structure_difference(a, b) -> str:
     return head
 
 
+def _real_export(model, inputs: tuple, source: str, keep: bool, routing, reroll: bool):
+    """The real program's own export, made once on first use: the source of values for
+    state the analyzed trace holds without them (never of the program that is run)."""
+    made = []
+
+    def get():
+        if not made:
+            from .capture import export_program
+            from .loops import capturing
+            try:
+                with capturing(reroll):
+                    # decomposed as the analysis's was: that is where a tensor subclass
+                    # parameter is unwrapped into the parts the analyzed program names
+                    made.append(export_program(model, inputs, source, keep_experts=keep,
+                                               routing=routing))
+            except Exception as e:  # noqa: BLE001 - the harness, not the IR
+                from ..loading import oneline
+                raise HarnessError(f"exporting the real program for the values of its "
+                                   f"constants failed: {oneline(e)}") from None
+        return made[0]
+    return get
+
+
 def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
                     max_bytes: int = DEFAULT_MAX_BYTES, max_seconds: float = DEFAULT_MAX_SECONDS) -> dict:
     """Fill ``rep.validation``; reduce shapes when the program is over budget."""
@@ -537,28 +600,34 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
                                         f"file or factory (built on the CPU to validate), or pass "
                                         f"real tensors"}
             return rep.validation
-    # traced as the analysis traced it (grad mode on): under no_grad some operators
-    # decompose differently (a 3-d linear as bmm instead of addmm), which would change the
-    # kernel structure being checked
-    try:
-        ep, low = export_and_lower(model, tuple(inputs), rep.source, keep_experts=keep,
-                                   routing=routing, reroll_layers=reroll)
-    except FrontendError as e:
-        rep.validation = {"status": "inconclusive",
-                          "reason": f"re-tracing the model with real tensors failed: {e}"}
-        return rep.validation
     casts = 0
-    if reduced is None and _structure(low.program) != _structure(lowered.program):
-        casts = _cast_only_difference(lowered.program, low.program)
-        if not casts:
-            # the harness could not reproduce the analyzed program: nothing is known about
-            # whether the analyzed IR is right, so this is no failure of the IR
-            rep.validation = {
-                "status": "inconclusive",
-                "reason": "re-tracing with real tensors gave a different kernel structure ("
-                          + _structure_difference(lowered.program, low.program)
-                          + "): the analyzed IR could not be run against the model"}
+    if reduced is None and getattr(rep, "exported", None) is not None:
+        # one program, one verdict: the IR that was analyzed runs on the real module's
+        # values (its parameters, buffers and inputs by name); a constant the analyzed
+        # trace holds without values comes from the real program's own export
+        ep, low = rep.exported, lowered
+        ep.solbound_real_export = _real_export(model, tuple(inputs), rep.source, keep,
+                                               routing, reroll)
+    else:
+        # a reduced instance is a program of its own: traced as the analysis traced it
+        # (grad mode on: under no_grad a 3-d linear decomposes to bmm, not addmm), and
+        # taken only when its kernel structure is the analyzed one's
+        try:
+            ep, low = export_and_lower(model, tuple(inputs), rep.source, keep_experts=keep,
+                                       routing=routing, reroll_layers=reroll)
+        except FrontendError as e:
+            rep.validation = {"status": "inconclusive",
+                              "reason": f"re-tracing the model with real tensors failed: {e}"}
             return rep.validation
+        if reduced is None and _structure(low.program) != _structure(lowered.program):
+            casts = _cast_only_difference(lowered.program, low.program)
+            if not casts:
+                rep.validation = {
+                    "status": "inconclusive",
+                    "reason": "re-tracing with real tensors gave a different kernel structure ("
+                              + _structure_difference(lowered.program, low.program)
+                              + "): the analyzed IR could not be run against the model"}
+                return rep.validation
     try:
         res = validate_lowered(low, ep, model, tuple(inputs), seed=seed)
     except HarnessError as e:

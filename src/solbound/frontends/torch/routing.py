@@ -49,6 +49,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 ROUTINGS = ("balanced", "concentrated")
 DEFAULT_ROUTING = "balanced"
+# the attribute of a constant made on the meta device that holds its value (the shadow),
+# so that validation can run the analyzed program with it
+VALUE_ATTR = "_solbound_value"
 SHADOW_LIMIT = 1 << 24          # largest tensor given a shadow (elements)
 
 # functions whose Python result needs the tensor's values
@@ -215,6 +218,8 @@ class RoutingMode(_Forcing):
             ref = ref.contiguous().clone()       # its own storage: not a view of another
             c = ref.to(device, copy=True)
         self.shadows[c] = ref
+        if c.device.type == "meta":
+            setattr(c, VALUE_ATTR, ref)
         return c
 
     def _shadow_args(self, args, kwargs):
