@@ -469,10 +469,16 @@ def test_over_budget_jax_program_validates_at_reduced_shapes():
 
 
 def test_a_reference_that_is_not_finite_proves_nothing():
-    # a variance drawn from a normal distribution is negative somewhere: NaN on both sides
+    # a variance reaches a square root: it is drawn non-negative, and the verdict is real
     rep = solbound.analyze(lambda var, x: x / jnp.sqrt(var), (S((8,), F32), S((8,), F32)),
                            validate=True)
-    assert rep.validation["status"] == "inconclusive" and "not finite" in rep.validation["reason"]
+    assert rep.validation["status"] == "passed", rep.validation
+    # a logarithm of a negative number whatever is drawn: NaN for every draw, inconclusive
+    rep = solbound.analyze(lambda x: jnp.log(-jnp.abs(x) - 1.0), (S((8,), F32),),
+                           validate=True)
+    v = rep.validation
+    assert v["status"] == "inconclusive" and "not finite" in v["reason"]
+    assert "each of 3 draws" in v["reason"] and len(v["redraws"]) == 3
 
 
 def test_a_wrong_rule_is_named_with_its_equation_and_line(monkeypatch):

@@ -130,7 +130,7 @@ def test_each_iteration_from_jax_carries_checks_every_carry_and_output(monkeypat
     assert hist.shape == (T + 1, B, H)                 # the carry before each step, and after
     ys = np.asarray(outs[0])
     assert abs(hist[1:] - ys).max() == 0               # the stacked h is the next carry
-    golden, cmp, loops = reference._stepped_run(low, _rnn, values, feeds, 1e-5, None)
+    golden, cmp, loops, _ = reference._stepped_run(low, _rnn, values, feeds, 1e-5, None)
     assert loops[0]["ok"] and cmp[0]["ok"]
     assert loops[0]["iterations"] == T
     # the IR run straight through computes the same rows (this recurrence is short)

@@ -84,23 +84,6 @@ def test_wrong_analyzed_ir_fails_where_a_retrace_would_pass(tmp_path, monkeypatc
     assert rep.validation["status"] == "failed"
 
 
-def test_torchao_int8_built_on_meta_validates_its_own_ir(tmp_path, monkeypatch):
-    pytest.importorskip("torchao.quantization")
-    spec = _meta_factory(tmp_path, monkeypatch, "q8v", """
-        import torch, torch.nn as nn
-        from torchao.quantization import quantize_, Int8DynamicActivationInt8WeightConfig
-        def make():
-            m = nn.Sequential(nn.Linear(64, 32, bias=False))
-            quantize_(m, Int8DynamicActivationInt8WeightConfig())
-            return m, (torch.randn(16, 64),)
-        """)
-    rep = solbound.analyze_source(spec, arch="h100-sxm", validate=True)
-    assert rep.validation["status"] == "passed", rep.validation
-    # the meta trace's out_dtype product is what ran, its int8 weight from the real model
-    assert "out_dtype" in {k.opname for k in rep.program.kernels}
-    assert "retraced_casts" not in rep.validation
-
-
 def test_gemma2_called_with_its_defaults_passes():
     from transformers import Gemma2Config, Gemma2ForCausalLM
     cfg = Gemma2Config(num_hidden_layers=2, hidden_size=64, intermediate_size=128,

@@ -711,7 +711,10 @@ _NOT_USERS = frozenset({"torch", "solbound", "numpy", "typing", "functools", "bu
 def _functions_of(model) -> list[types.FunctionType]:
     """The Python functions a model's modules may call: their classes' methods and, to a
     depth of three, the module-level functions those name (decorated ones unwrapped)."""
-    seen: set = set()
+    # the least depth each function was reached at: a function reached first through a
+    # wrapper's closure (one deeper) is walked again when its wrapper's ``__wrapped__``
+    # reaches it at the wrapper's own depth
+    seen: dict[int, int] = {}
     out: list[types.FunctionType] = []
     todo: list[tuple[object, int]] = []
     for m in model.modules():
@@ -726,13 +729,15 @@ def _functions_of(model) -> list[types.FunctionType]:
             f = f.__func__
         if isinstance(f, types.FunctionType) and hasattr(f, "__wrapped__"):
             todo.append((f.__wrapped__, depth))
-        if not isinstance(f, types.FunctionType) or id(f) in seen:
+        if not isinstance(f, types.FunctionType) or seen.get(id(f), depth + 1) <= depth:
             continue
-        seen.add(id(f))
+        first = id(f) not in seen
+        seen[id(f)] = depth
         mod = getattr(f, "__module__", "") or ""
         if mod.split(".")[0] in _NOT_USERS:
             continue
-        out.append(f)
+        if first:
+            out.append(f)
         if depth >= 3:
             continue
         for cell in f.__closure__ or ():
@@ -744,7 +749,22 @@ def _functions_of(model) -> list[types.FunctionType]:
             g = f.__globals__.get(name)
             if isinstance(g, types.FunctionType):
                 todo.append((g, depth + 1))
+            elif _function_object(g):
+                # a function wrapped in an object at module level (transformers 5.25's hub
+                # kernels make ``mamba_selective_scan`` an ``nn.Module`` whose ``forward``
+                # calls the function it closes over): its class's methods stand for it
+                todo.extend((v, depth) for v in vars(type(g)).values())
     return out
+
+
+def _function_object(g) -> bool:
+    """A callable object of a user's or library's class (not a class, not torch's)."""
+    if g is None or isinstance(g, (type, types.ModuleType, types.BuiltinFunctionType)) \
+            or not callable(g):
+        return False
+    mod = type(g).__module__ or ""
+    return not mod.startswith(("torch", "builtins", "functools")) \
+        and mod.split(".")[0] not in _NOT_USERS
 
 
 def _code_names(code: types.CodeType) -> set[str]:

@@ -5,14 +5,15 @@ it, dequantizing each weight as ``(q - 8) * scale + zero`` with a scale and zero
 ``group`` inputs and output (``scale_and_zero [K/group, N, 2]``).
 
 The layout (PyTorch's ``aten/src/ATen/native/cpu/int4mm_kernel.cpp``): outputs in blocks of
-64, block ``b`` holding output ``64b + 32h + l`` (``h < 2``, ``l < 32``) at input ``k`` in byte
-``32k + l`` of the block's ``32K`` bytes, nibble ``h`` (low first); the last ``R = N mod 64``
-outputs (a multiple of 16) in one block where output ``2j + h`` of it is in byte ``(R/2)k + j``,
-nibble ``h``. The block width is the kernel's vector width (``BLOCK_N =
-Vectorized<float>::size() * 4``: 64 with AVX-512, 32 with AVX2), so the same packed tensor
-means different weights on different CPUs. The rules therefore state the layout above and
-check it against this machine's packing kernel before lowering (:func:`layout_holds`): a
-machine that packs otherwise gets a one-line refusal naming the probe, never a wrong IR.
+``W``, block ``b`` holding output ``Wb + (W/2)h + l`` (``h < 2``, ``l < W/2``) at input ``k`` in
+byte ``(W/2)k + l`` of the block's ``(W/2)K`` bytes, nibble ``h`` (low first); the last
+``R = N mod W`` outputs (a multiple of 16) in one block where output ``2j + h`` of it is in
+byte ``(R/2)k + j``, nibble ``h``. The block width is the kernel's vector width (``W =
+BLOCK_N = Vectorized<float>::size() * 4``: 64 with AVX-512, 32 with AVX2), so the same packed
+tensor means different weights on different CPUs. The rules therefore state the layout for
+each width and find the one this machine's packing kernel uses before lowering
+(:func:`block_width`, probed by :func:`layout_holds`): a machine that packs in neither
+gets a one-line refusal naming the probe, never a wrong IR.
 
 The dequantization is vector work per weight (a shift, a mask, a conversion, a subtract, a
 multiply and an add), on chip in the fused bound; the product runs in the activations' dtype
@@ -32,12 +33,15 @@ from ._util import C, add, f, mul, sub
 from .linalg import _matmul
 
 
-def positions(n_out: int, k_in: int):
+WIDTHS = (64, 32)      # AVX-512, AVX2
+
+
+def positions(n_out: int, k_in: int, width: int = 64):
     """``[n_out, k_in / 2, 2]``: the weight (``output * k_in + input``) in each nibble of
     the packed tensor, evaluated from the very indices the kernels use (:func:`_blocks`)."""
     import numpy as np
     want = np.full(n_out * k_in, -1, dtype=np.int64)
-    for loops, n, byte, h in _blocks(n_out, k_in):
+    for loops, n, byte, h in _blocks(n_out, k_in, width):
         names = [v for v, _ in loops] + ["k"]
         grids = np.meshgrid(*[np.arange(e) for _, e in loops], np.arange(k_in), indexing="ij")
         env = dict(zip(names, grids))
@@ -46,10 +50,11 @@ def positions(n_out: int, k_in: int):
 
 
 @functools.lru_cache(maxsize=None)
-def layout_holds(n_out: int, k_in: int = 64) -> bool:
+def layout_holds(n_out: int, k_in: int = 64, width: int = 64) -> bool:
     """This machine's ``_convert_weight_to_int4pack_for_cpu`` puts every 4-bit weight of an
-    ``n_out x k_in`` matrix where :func:`positions` says: each weight's position is packed,
-    four bits at a time, and read back from the nibbles."""
+    ``n_out x k_in`` matrix where :func:`positions` says for blocks of ``width`` outputs:
+    each weight's position is packed, four bits at a time, and read back from the
+    nibbles."""
     import torch
     idx = torch.arange(n_out * k_in, dtype=torch.int64).reshape(n_out, k_in)
     got = torch.zeros(n_out, k_in // 2, 2, dtype=torch.int64)
@@ -58,20 +63,37 @@ def layout_holds(n_out: int, k_in: int = 64) -> bool:
         packed = torch._convert_weight_to_int4pack_for_cpu(digit, 1).to(torch.int64)
         got[..., 0] |= (packed & 0xF) << (4 * p)
         got[..., 1] |= (packed >> 4) << (4 * p)
-    return bool(torch.equal(got, torch.from_numpy(positions(n_out, k_in))))
+    return bool(torch.equal(got, torch.from_numpy(positions(n_out, k_in, width))))
 
 
-def _check(n_out: int, k_in: int, what: str) -> None:
+def _probe_size(n_out: int, width: int) -> int:
+    """The layout repeats block by block: two blocks and the tail stand for all."""
+    return min(n_out, 2 * width + n_out % width)
+
+
+def block_width(n_out: int) -> int | None:
+    """The block width this machine packs ``n_out`` outputs with (:data:`WIDTHS`), or
+    ``None`` when its packing kernel follows neither layout."""
+    for w in WIDTHS:
+        if layout_holds(_probe_size(n_out, w), 64, w):
+            return w
+    return None
+
+
+def _check(n_out: int, k_in: int, what: str) -> int:
+    """The block width to lower ``n_out x k_in`` packed weights with (refused otherwise)."""
     if n_out % 16 or k_in % 2:
         raise LoweringError(f"{what}: {n_out} outputs and {k_in} inputs: PyTorch packs int4 "
                             f"weights of a multiple of 16 outputs and an even number of inputs")
-    # the layout repeats block by block: two blocks of 64 and the tail stand for all
-    if not layout_holds(min(n_out, 128 + n_out % 64)):
+    width = block_width(n_out)
+    if width is None:
         raise LoweringError(f"{what}: this machine's int4 packing kernel does not put weights "
-                            f"where solbound's model of the layout says (probed with "
+                            f"where solbound's model of the layout says for blocks of "
+                            f"{' or '.join(map(str, WIDTHS))} outputs (probed with "
                             f"_convert_weight_to_int4pack_for_cpu on "
-                            f"{min(n_out, 128 + n_out % 64)}x64 positions: "
+                            f"{_probe_size(n_out, WIDTHS[-1])}x64 positions: "
                             f"frontends/torch/rules/int4pack.py)")
+    return width
 
 
 def _flat(v: View) -> View:
@@ -80,15 +102,16 @@ def _flat(v: View) -> View:
     return View(v.base, v.meta.reshape(-1), v.base_shape)
 
 
-def _blocks(n_out: int, k_in: int):
+def _blocks(n_out: int, k_in: int, width: int = 64):
     """(kernel loops, output, byte offset in the flat packed tensor, nibble) per block
-    kind: the 64-wide blocks, then the rest (module docstring)."""
-    full = n_out // 64 * 64
+    kind: the blocks of ``width`` outputs, then the rest (module docstring)."""
+    full = n_out // width * width
+    half = width // 2
     out = []
     if full:
         b, h, l, k = (Aff.var(v) for v in ("b", "h", "l", "k"))
-        out.append(([("b", full // 64), ("h", 2), ("l", 32)], b * 64 + h * 32 + l,
-                    b * (32 * k_in) + k * 32 + l, h))
+        out.append(([("b", full // width), ("h", 2), ("l", half)], b * width + h * half + l,
+                    b * (half * k_in) + k * half + l, h))
     rest = n_out - full
     if rest:
         j, h, k = Aff.var("j"), Aff.var("h"), Aff.var("k")
@@ -103,11 +126,11 @@ def convert_weight_to_int4pack_for_cpu(ctx: OpCtx) -> None:
     (no mask, as the kernel: the write wraps to the byte)."""
     q = ctx.args[0]
     n_out, k_in = q.shape
-    _check(n_out, k_in, "_convert_weight_to_int4pack_for_cpu")
+    width = _check(n_out, k_in, "_convert_weight_to_int4pack_for_cpu")
     out = ctx.output()
     flat = _flat(out)
     k = Aff.var("k")
-    for loops, n, byte, h in _blocks(n_out, k_in):
+    for loops, n, byte, h in _blocks(n_out, k_in, width):
         if h.single_var() is None:
             raise LoweringError("internal: int4 block without a nibble variable")
         # one kernel per block kind writes both nibbles of its bytes: h is a loop of the
@@ -127,7 +150,7 @@ def weight_int4pack_mm_for_cpu(ctx: OpCtx) -> None:
     x, packed, group, sz = ctx.args[:4]
     n_out, half = packed.shape
     k_in = 2 * half
-    _check(n_out, k_in, "_weight_int4pack_mm_for_cpu")
+    width = _check(n_out, k_in, "_weight_int4pack_mm_for_cpu")
     if not isinstance(group, int) or k_in % group:
         raise LoweringError(f"_weight_int4pack_mm_for_cpu: group size {group!r} does not "
                             f"divide the {k_in} inputs")
@@ -136,7 +159,7 @@ def weight_int4pack_mm_for_cpu(ctx: OpCtx) -> None:
     flat = _flat(packed)
     g, i = Aff.var("g"), Aff.var("i")
     k = g * group + i
-    for loops, n, byte, h in _blocks(n_out, k_in):
+    for loops, n, byte, h in _blocks(n_out, k_in, width):
         kb = KernelBuilder(ctx.low, loops + [("g", k_in // group), ("i", group)])
         nib = kb.load(flat, [byte.subst({"k": k})])
         q = f("to_f32", f("and", f("shr", nib, Idx(h * 4)), C(15)))
