@@ -12,11 +12,15 @@ twins of ``tests/test_jax.py``). A mutation is what a wrong rule would write:
 * ``const*1.001``: one non-zero constant of the body off by 0.1%;
 * ``reduction``: sum <-> max, max <-> min, prod -> sum.
 
-A mutant is killed when validation says ``failed``. A survivor is listed with its kernel
-and mutation: either validation missed a wrong IR, or the mutant computes the same values
-on every input the corpus draws (an equivalent mutant: a clamp bound of 0.3 moved to 0.3003
-changes no drawn value's clamp; a maximum over a dimension of one element is its sum). The
-docs (``docs/architecture.md``, Validation) list what survives and why.
+A mutant is killed when validation says ``failed``. A survivor is then run beside the
+unmutated IR, both in float64, on five further draws of every floating input and parameter
+(three more N(0, 1) draws, one scaled by 10 and shifted by 3, one by 100): where the outputs
+differ somewhere it is ``missed`` (a wrong IR that the validation draw could not tell: a
+threshold of 20 that no N(0, 1) value reaches); where they agree on every draw it is
+``equivalent``, the same function written otherwise (``sum((x - a)(x - m)) = sum((x - m)^2)``
+for any row constant ``a``; a softmax shifted by any row constant). The kill rate is given
+over all mutants and over the non-equivalent ones; ``docs/validation.md`` lists what
+survives and why.
 
     python bench/mutation.py                 # the PyTorch corpus
     python bench/mutation.py --jax           # and the JAX corpus
@@ -89,7 +93,46 @@ def torch_cases(limit: int | None):
         yield name, lambda c=c: lowered_for(c[0], c[1], c[2][0], c[3], c[4])
 
 
-def run(cases, validate) -> tuple[int, int, list]:
+def _draws(feeds: dict, program) -> list[dict]:
+    """Further values of the floating external tensors (module doc)."""
+    import numpy as np
+    ext = {t.name for t in program.tensors if t.role in ("input", "parameter", "buffer")}
+    out = []
+    for i, (scale, shift) in enumerate(((1, 0), (1, 0), (1, 0), (10, 3), (100, 0))):
+        rng = np.random.default_rng(100 + i)
+        d = {}
+        for n, v in feeds.items():
+            v = np.asarray(v)
+            if n in ext and np.issubdtype(v.dtype, np.floating):
+                v = rng.standard_normal(v.shape).astype(v.dtype) * scale + shift
+            d[n] = v
+        out.append(d)
+    return out
+
+
+def equivalent(low, mutant, feeds: dict) -> bool:
+    """Does ``mutant`` compute what ``low`` computes on further draws (module doc)?"""
+    import numpy as np
+    from solbound.ir.execute import execute
+    from solbound.validate.compare import rel_error
+    outs = [t.name for t in low.program.tensors if t.role == "output"]
+    for d in _draws(feeds, low.program):
+        with np.errstate(all="ignore"):
+            try:
+                a = execute(low.program, d, wide=True)
+            except Exception:  # noqa: BLE001 - a draw the unmutated IR cannot take
+                continue
+            try:
+                b = execute(mutant.program, d, wide=True)
+            except Exception:  # noqa: BLE001
+                return False
+        for o in outs:
+            if not rel_error(b[o], a[o]) <= 1e-9:
+                return False
+    return True
+
+
+def run(cases, validate, feeds_of) -> tuple[int, int, list]:
     total = killed = 0
     survivors = []
     for name, get in cases:
@@ -119,11 +162,30 @@ def run(cases, validate) -> tuple[int, int, list]:
                 if status != "passed":
                     k_ += 1
                 else:
-                    survivors.append((name, k.name, k.opname or k.op, desc))
+                    kind = "equivalent" if equivalent(low, mut, feeds_of(env, low)) \
+                        else "missed"
+                    survivors.append((name, k.name, k.opname or k.op, desc, kind))
         total += n
         killed += k_
         print(f"  {name}: {k_}/{n} killed", flush=True)
     return total, killed, survivors
+
+
+def torch_feeds(env, low) -> dict:
+    from solbound.frontends.torch.reference import run_original
+    m, inputs, ep, _ = env
+    return run_original(m, tuple(inputs), low, ep)["feeds"]
+
+
+def jax_feeds(env, low) -> dict:
+    import jax
+    import numpy as np
+    from solbound.frontends.jax.reference import real_args
+    fn, args, _ = env
+    leaves = jax.tree_util.tree_leaves(real_args(args, 0))
+    feeds = {spec["ir"]: np.asarray(v) for spec, v in zip(low.inputs, leaves) if spec.get("ir")}
+    feeds.update({st["ir"]: np.asarray(st["value"]) for st in low.state})
+    return feeds
 
 
 def torch_validate(env, low):
@@ -194,13 +256,16 @@ def main(argv=None) -> int:
     ap.add_argument("--jax", action="store_true", help="also the JAX corpus")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    rows = [("pytorch", *run(torch_cases(a.limit), torch_validate))]
+    rows = [("pytorch", *run(torch_cases(a.limit), torch_validate, torch_feeds))]
     if a.jax:
-        rows.append(("jax", *run(jax_cases(a.limit), jax_validate)))
+        rows.append(("jax", *run(jax_cases(a.limit), jax_validate, jax_feeds)))
     for corpus, total, killed, survivors in rows:
+        eq = sum(s[-1] == "equivalent" for s in survivors)
         print(f"\n{corpus}: {killed}/{total} mutants killed "
-              f"({100 * killed / max(total, 1):.2f}%), {len(survivors)} survived")
-        for s in survivors:
+              f"({100 * killed / max(total, 1):.2f}%); of the {total - eq} that are not "
+              f"equivalent, {100 * killed / max(total - eq, 1):.2f}% killed; "
+              f"{len(survivors) - eq} missed, {eq} equivalent")
+        for s in sorted(survivors, key=lambda s: s[-1], reverse=True):
             print("  survivor:", " | ".join(map(str, s)))
     print(f"\n{time.perf_counter() - t0:.0f} s")
     return 0

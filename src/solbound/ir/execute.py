@@ -187,9 +187,54 @@ class _KernelExec:
         if any(p != (0, 0) for p in pads):
             key = (name, tuple(pads))
             if key not in self._padded:
+                for e, n, (pl, ph) in zip(index, arr.shape, pads):
+                    if (pl or ph) and not self._kept_inside(e, n, pl > 0, ph > 0, ranges):
+                        raise ExecutionError(
+                            f"kernel {self.k.name} reads {name} at index {e}, outside its "
+                            f"extent {n}, at points its guard keeps: an IR reads only "
+                            f"elements that exist (padding is a guard)")
                 self._padded[key] = (np.pad(arr, pads), shift)
             return self._padded[key]
         return arr, shift
+
+    def _kept_inside(self, e: Aff, n: int, low: bool, high: bool, ranges) -> bool:
+        """Every point the kernel's guard keeps reads index ``e`` inside ``[0, n)`` (below
+        ``low``, above ``high``): a guard atom on ``e`` itself (up to a constant) says so,
+        else the points are enumerated over the variables ``e`` and the atoms connected to
+        it use (over ``2**22`` of them: assumed, as before)."""
+        if any(hi <= lo for lo, hi in ranges.values()):
+            return True           # no point at all: nothing is read
+        ok_low, ok_high = not low, not high
+        for a in self.k.guard:
+            d = e - a.expr
+            if d.terms:
+                continue
+            ok_low |= a.lo is not None and a.lo + d.const >= 0
+            ok_high |= a.hi is not None and a.hi + d.const <= n
+        if ok_low and ok_high:
+            return True
+        names = set(e.vars)
+        atoms: list[Atom] = []
+        grew = True
+        while grew:
+            grew = False
+            for a in self.k.guard:
+                if a not in atoms and names & set(a.expr.vars):
+                    atoms.append(a)
+                    names |= set(a.expr.vars)
+                    grew = True
+        names = sorted(names)
+        if any(v not in ranges for v in names) \
+                or math.prod(ranges[v][1] - ranges[v][0] for v in names) > 1 << 22:
+            return True
+        grids = np.ix_(*[np.arange(*ranges[v]) for v in names])
+        env = dict(zip(names, grids))
+        shape = [ranges[v][1] - ranges[v][0] for v in names]
+        keep = np.ones(shape, dtype=bool)
+        for a in atoms:
+            keep &= np.broadcast_to(a.holds(env), shape)
+        vals = np.broadcast_to(e.evaluate(env), shape)[keep]
+        return not vals.size or ((not low or vals.min() >= 0) and (not high or vals.max() < n))
 
     def view(self, acc: Access, ranges: dict[str, tuple[int, int]]) -> np.ndarray:
         """A strided view with one axis per loop dim (size 1 where unused)."""
