@@ -14,6 +14,10 @@ from solbound.frontends.torch.capture import load_problem
 from solbound.frontends.torch.timing import measure_problem
 from solbound.hardware.catalog import load_spec
 
+# one worker calibrates the host once for every test here (the fixture is per module, and
+# xdist would otherwise calibrate again on the other worker)
+pytestmark = pytest.mark.xdist_group("headroom")
+
 PROGRAMS = {
     "gemm": ("import torch\n\nclass Model(torch.nn.Module):\n"
              "    def forward(self, a, b):\n        return a @ b\n\n"

@@ -2,9 +2,6 @@
 correct IR passes on ill-conditioned programs in both frontends, a wrong one still
 fails, and drawn inputs respect what the program needs."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -13,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import solbound
-from solbound.ir.text import parse_program, print_program
+from solbound.ir.text import parse_program
 from solbound.validate.inputs import input_domains
 
 
@@ -276,25 +273,23 @@ def get_init_inputs():
 '''
 
 
-def test_attention_scale_off_by_0_12_percent_fails_validate(tmp_path):
+def test_attention_scale_off_by_0_12_percent_fails_validate(tmp_path, capsys):
+    """``solbound ir`` then ``solbound validate --ir`` (in process): the IR as printed
+    passes, and with attention's scale changed by 0.12% it fails (exit 1)."""
+    from solbound.cli import main
     f = tmp_path / "attn.py"
     f.write_text(ATTENTION)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    ir = subprocess.run([sys.executable, "-m", "solbound", "ir", str(f)], capture_output=True,
-                        text=True, env=env, check=True).stdout
     good = tmp_path / "good.ir"
-    good.write_text(ir)
+    assert main(["ir", str(f), "-o", str(good)]) == 0
+    text = good.read_text()
     scale = 1 / np.sqrt(32)
-    text = print_program(parse_program(ir))
     consts = [c for c in _floats(text) if abs(c - scale) < 1e-6 or abs(c - np.sqrt(scale)) < 1e-6]
     assert consts, "the attention scale appears in the IR"
-    c = consts[0]
     bad = tmp_path / "bad.ir"
-    bad.write_text(text.replace(repr(c), repr(c * 1.0012)))
-    run = lambda p: subprocess.run([sys.executable, "-m", "solbound", "validate", str(f),  # noqa: E731
-                                    "--ir", str(p)], capture_output=True, text=True, env=env)
-    assert run(good).returncode == 0
-    assert run(bad).returncode == 1
+    bad.write_text(text.replace(repr(consts[0]), repr(consts[0] * 1.0012)))
+    assert main(["validate", str(f), "--ir", str(good)]) == 0
+    assert main(["validate", str(f), "--ir", str(bad)]) == 1
+    capsys.readouterr()
 
 
 def _floats(text: str) -> list[float]:

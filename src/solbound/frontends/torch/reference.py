@@ -15,7 +15,7 @@ import numpy as np
 from ...ir.execute import ExecutionError, execute
 from ...ir.model import Call, walk
 from ...validate.compare import (DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, _InputScale,
-                                 _is_constant, _progress, _strided, _structure, compare,
+                                 _is_constant, _progress, _strided, compare,
                                  estimate_cost, f64_summary, fits_budget, max_reduction,
                                  operator_calls, rejudge_failed, rejudge_in_f64,
                                  tolerance_dtype, rel_error, tolerance, tolerance_rule)
@@ -306,11 +306,21 @@ def validate_lowered(lowered, ep, model, inputs, *, seed: int = 0) -> dict:
                                                f"that cannot be replayed: not comparable",
                 "seconds": 0.0}
     routing = getattr(ep, "solbound_routing", None)
-    if routing:
-        from .routing import ForcedRouting
-        with ForcedRouting(routing):     # the model runs under the routing it was traced with
-            return _validate_lowered(lowered, ep, model, inputs, seed, t0)
-    return _validate_lowered(lowered, ep, model, inputs, seed, t0)
+    import contextlib
+    with _constant_params_redrawn(model, seed) as redrawn:
+        if routing:
+            from .routing import ForcedRouting
+            ctx = ForcedRouting(routing)  # the model runs under the routing it was traced with
+        else:
+            ctx = contextlib.nullcontext()
+        with ctx:
+            res = _validate_lowered(lowered, ep, model, inputs, seed, t0)
+    if redrawn:
+        res["redrawn"] = redrawn
+        res["summary"] = (res.get("summary", "") + f"; {len(redrawn)} parameter(s) holding one "
+                          f"value each drawn around it for the check "
+                          f"({', '.join(redrawn[:3])}{', ...' if len(redrawn) > 3 else ''})")
+    return res
 
 
 def _validate_lowered(lowered, ep, model, inputs, seed, t0) -> dict:
@@ -387,9 +397,13 @@ def _build_real(problem, seed: int):
     return problem.build("cpu")
 
 
-class _zero_params_redrawn:
-    """Parameters that are all zeros get N(0, 0.02) values inside the block; restored
-    on exit. Yields their names."""
+class _constant_params_redrawn:
+    """Parameters whose elements are all one value ``c`` (a norm's weight of ones and bias of
+    zeros, a zero-initialized head or router) hold ``c + 0.02 max(1, |c|) N(0, 1)`` inside
+    the block, restored on exit; yields their names. Left at ``c``, a rule that drops a
+    norm's bias or weight computes the same values and passes; and a zero head makes every
+    output constant. The IR does not depend on parameter values, so the check is the same
+    program's."""
 
     def __init__(self, model, seed: int):
         self.model, self.seed, self.saved = model, seed, []
@@ -400,22 +414,26 @@ class _zero_params_redrawn:
         names = []
         with torch.no_grad():
             for name, p in self.model.named_parameters():
-                if p.is_floating_point() and p.numel() > 0 and p.device.type == "cpu" \
-                        and not torch.any(p):
-                    self.saved.append(p)
-                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype) * 0.02)
-                    names.append(name)
+                if not (p.is_floating_point() and p.numel() > 0 and p.device.type == "cpu"
+                        and type(p.data) is torch.Tensor):
+                    continue
+                c = p.reshape(-1)[0]
+                if not bool(torch.all(p == c)):
+                    continue
+                self.saved.append((p, p.detach().clone()))
+                noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+                p.copy_((c.float() + 0.02 * max(1.0, abs(float(c))) * noise).to(p.dtype))
+                names.append(name)
         return names
 
     def __exit__(self, *exc):
         import torch
         with torch.no_grad():
-            for p in self.saved:
-                p.zero_()
+            for p, old in self.saved:
+                p.copy_(old)
         return False
 
 
-# show a progress bar while the IR runs (the command line turns it on for a terminal)
 def _on_meta(model, inputs) -> bool:
     import torch
     return any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())) \
@@ -600,21 +618,6 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
     except HarnessError as e:
         rep.validation = {"status": "skipped", "reason": f"the reference could not run: {e}"}
         return rep.validation
-    if res["status"] in ("inconclusive", "failed"):
-        # a constant output from zero-initialized parameters (a classifier head, a DiT's
-        # adaLN modulation), or a selection among exact ties (a zero-initialized router
-        # scores every expert alike, and top-k breaks ties as its implementation does):
-        # draw them at random for the check, then put them back. The IR does not depend
-        # on parameter values, so a wrong IR still fails with them redrawn
-        with _zero_params_redrawn(model, seed) as redrawn:
-            if redrawn:
-                again = validate_lowered(low, ep, model, tuple(inputs), seed=seed)
-                if again["status"] != "inconclusive":
-                    res = again
-                    res["redrawn"] = redrawn
-                    res["summary"] = (res.get("summary", "") + f"; {len(redrawn)} zero-initialized "
-                                      f"parameter(s) redrawn at random for the check "
-                                      f"({', '.join(redrawn[:3])}{', ...' if len(redrawn) > 3 else ''})")
     if res["status"] == "inconclusive" and problem is not None:
         # inconclusive only when every draw the harness can make agrees: the program
         # built again from other seeds (its parameters and get_inputs drawn anew)
