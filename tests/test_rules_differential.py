@@ -60,7 +60,7 @@ BINARY = {
     "div_trunc": lambda a, b: torch.div(a, pos(b), rounding_mode="trunc"),
     "remainder": lambda a, b: torch.remainder(a, pos(b)), "fmod": lambda a, b: torch.fmod(a * 3, pos(b)),
     "maximum": torch.maximum, "minimum": torch.minimum, "pow": lambda a, b: pos(a) ** b,
-    "atan2": torch.atan2, "eq": lambda a, b: (a.round() == b.round()).float(),
+    "atan2": torch.atan2, "copysign": torch.copysign, "eq": lambda a, b: (a.round() == b.round()).float(),
     "ne": lambda a, b: (a.round() != b.round()).float(), "lt": lambda a, b: (a < b).float(),
     "le": lambda a, b: (a <= b).float(), "gt": lambda a, b: (a > b).float(),
     "ge": lambda a, b: (a >= b).float(),

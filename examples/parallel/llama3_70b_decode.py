@@ -8,6 +8,8 @@ heads.
     solbound provision examples/parallel/llama3_70b_decode.py --tp 1,2,4,8 --latency 10ms
 """
 
+import inspect
+
 import torch
 import torch.distributed as dist
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
@@ -30,7 +32,10 @@ class Model(torch.nn.Module):
         for layer, entry in enumerate(cache.layers):     # the past, held as the cache holds it
             entry.device, entry.is_initialized = kv[0].device, True
             entry.keys, entry.values = kv[2 * layer], kv[2 * layer + 1]
-        return self.lm(input_ids=ids, past_key_values=cache, use_cache=True).logits
+        # transformers 5.25 names the argument ``cache`` (``past_key_values`` is deprecated)
+        name = "cache" if "cache" in inspect.signature(self.lm.forward).parameters \
+            else "past_key_values"
+        return self.lm(input_ids=ids, **{name: cache}, use_cache=True).logits
 
 
 def get_inputs():

@@ -1,6 +1,16 @@
 """Wrappers that give transformers models a tensors-in, tensor-out forward (shared by the
 zoo tests and bench/transformers_zoo.py)."""
+import inspect
+
 import torch
+
+
+def cache_kw(model, cache) -> dict:
+    """The cache argument as ``model``'s forward names it: ``cache`` from transformers 5.25
+    on (``past_key_values`` is deprecated there, to be removed in 5.40), else
+    ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
 
 
 class LM(torch.nn.Module):
@@ -27,7 +37,7 @@ class Decode(torch.nn.Module):
         cache = DynamicCache(config=self.m.config)
         for i in range(0, len(kv), 2):
             cache.update(kv[i], kv[i + 1], i // 2)
-        return self.m(input_ids=ids, past_key_values=cache, use_cache=True).logits
+        return self.m(input_ids=ids, **cache_kw(self.m, cache), use_cache=True).logits
 
 
 class StaticDecode(torch.nn.Module):
@@ -43,10 +53,10 @@ class StaticDecode(torch.nn.Module):
         with torch.no_grad():       # fill positions 0..past-1 (and allocate the cache)
             g = torch.Generator().manual_seed(1)
             ids = torch.randint(0, m.config.vocab_size, (1, past), generator=g)
-            m(input_ids=ids, past_key_values=self.cache, cache_position=torch.arange(past),
+            m(input_ids=ids, **cache_kw(m, self.cache), cache_position=torch.arange(past),
               use_cache=True)
 
     def forward(self, ids, *position):
         pos = position[0] if self.runtime else torch.arange(self.past, self.past + ids.shape[1])
-        return self.m(input_ids=ids, past_key_values=self.cache, cache_position=pos,
+        return self.m(input_ids=ids, **cache_kw(self.m, self.cache), cache_position=pos,
                       use_cache=True).logits

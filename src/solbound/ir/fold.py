@@ -84,13 +84,49 @@ def fold(p: Program, limit: int = FOLD_LIMIT,
     return fold_report(p, limit, constants)[0]
 
 
+def over_limit(p: Program, limit: int = FOLD_LIMIT,
+               constants: dict[str, np.ndarray] | None = None) -> list[str]:
+    """The boolean tensors that would be data-free but for their size (or a data-free
+    producer's) past ``limit`` elements: masks known before the run that are not folded,
+    so what they mask is counted dense. The limit changes counts (a causal mask of 8192 x
+    8192 tokens is 2^26 elements): a frontend names each such tensor in the notes."""
+    small = set(data_free(p, limit, constants))
+    decls = p.tensor_map
+    return [t for t in data_free(p, 1 << 62, constants)
+            if t not in small and decls[t].dtype == "bool"]
+
+
+def over_limit_notes(p: Program, after: Program,
+                     constants: dict[str, np.ndarray] | None = None) -> list[str]:
+    """One ``assumption:`` note per mask of ``p`` that :func:`over_limit` finds and that
+    ``after`` (the program once the known-value pass has run) still reads: the symbolic
+    pass turns the common idioms (``tril`` of ones, ``arange`` comparisons) into guards at
+    any size, and those masks are no longer read. Names the writer's operator and line."""
+    big = over_limit(p, FOLD_LIMIT, constants)
+    # read by a kernel that is not itself such a mask: the mask that masks work (not the
+    # comparisons it is combined from)
+    read = {a.tensor for k in after.kernels if not set(k.outputs) & set(big)
+            for a in kernel_reads(k)}
+    notes = []
+    for t in big:
+        if t not in read:
+            continue
+        w = next((k for k in p.kernels if k.out == t), None)
+        src = f" ({w.opname or w.op}, {w.src})" if w is not None and w.src else ""
+        notes.append(f"assumption: mask {t}{src} is known before the run, but it (or a tensor "
+                     f"it is computed from) has more than {FOLD_LIMIT:,} elements, the limit "
+                     f"of folding masks: the work it masks is counted dense, an overcount")
+    return notes
+
+
 def fold_report(p: Program, limit: int = FOLD_LIMIT,
                 constants: dict[str, np.ndarray] | None = None
                 ) -> tuple[dict[str, object], list[str]]:
     """(facts, masks): the facts of the data-free tensors (``constants`` as in
     :func:`data_free`), and the boolean data-free tensors that no fact describes (a mask
     known before the run that is not an affine region, such as a block-diagonal document
-    mask: what it masks is counted dense)."""
+    mask: what it masks is counted dense). Masks over the size limit are
+    :func:`over_limit`'s."""
     names = data_free(p, limit, constants)
     if not names:
         return {}, []
@@ -189,4 +225,5 @@ def _atoms(mask: np.ndarray) -> tuple[Atom, ...] | None:
     return tuple(atoms)
 
 
-__all__ = ["fold", "fold_report", "describe", "data_free", "FOLD_LIMIT"]
+__all__ = ["fold", "fold_report", "describe", "data_free", "over_limit", "over_limit_notes",
+           "FOLD_LIMIT"]

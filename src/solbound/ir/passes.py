@@ -276,9 +276,10 @@ def refine(p: Program, constants: dict | None = None,
     (``mask_inputs``, found here when not given). Returns (program, tensors computed only
     where read, data-free masks no fact describes: counted dense)."""
     from .demand import restrict_to_demand
-    from .fold import fold_report
+    from .fold import fold_report, over_limit_notes
     from .known import propagate_known
     folded, dense = fold_report(p, constants=constants)
+    before = p
     shapes = {t.name: t.shape for t in p.tensors}
     masks = mask_inputs(p) if masks is None else masks
     bools = frozenset(t.name for t in p.tensors if t.dtype == "bool") | frozenset(masks)
@@ -289,6 +290,7 @@ def refine(p: Program, constants: dict | None = None,
         f"what the other mask masks stays masked (a negative value would keep it)"
         for t in masks)
     p = prune_dead(Program(p.tensors, tuple(kernels), notes))
+    p = Program(p.tensors, p.kernels, p.notes + tuple(over_limit_notes(before, p, constants)))
     whole = list(p.kernels)
     kernels = restrict_to_demand(whole, {t.name for t in p.by_role("intermediate")})
     partial = {k.out for k, w in zip(kernels, whole) if k.guard != w.guard}

@@ -32,7 +32,7 @@ from ...ir.demand import restrict_to_demand
 from ...ir.passes import (FlatIndirectError, contiguous_strides, flatten_bases, prune_dead,
                           runtime_mask_notes)
 from ..contract import LoweredProgram, Unsupported  # noqa: F401  (re-exported)
-from ...ir.fold import fold_report
+from ...ir.fold import fold_report, over_limit_notes
 from ...ir.known import UNKNOWN, Cond, Known, propagate_known, seed_from_structure
 from ...ir.text import RESERVED, fresh_name
 
@@ -563,7 +563,8 @@ class Lowering:
                  for name, atoms in self._input_support(inputs, program, written).items()}
         seeds.update(self._state_seeds(state, program, written))
         seeds.update(self._constant_seeds(state, program, written))
-        folded, dense_masks = fold_report(Program(program.tensors, tuple(kernels), program.notes))
+        whole_program = Program(program.tensors, tuple(kernels), program.notes)
+        folded, dense_masks = fold_report(whole_program)
         for t in dense_masks:
             w = next((k for k in kernels if k.out == t), None)
             src = f" ({w.opname or w.op}, {w.src})" if w is not None and w.src else ""
@@ -583,6 +584,7 @@ class Lowering:
                 self.notes.extend(counter_notes)
         kernels = known
         program = prune_dead(Program(program.tensors, tuple(kernels), program.notes))
+        self.notes.extend(over_limit_notes(whole_program, program))
         kernels = list(program.kernels)
         # the inputs that may mask work but whose values only the run knows
         self.notes.extend(runtime_mask_notes(program, set(seeds) | set(counters),

@@ -111,6 +111,14 @@ def _atan2(ctx, a, b):
     return add(f("atan", f("div", a, b)), shift)
 
 
+@_ew("aten.copysign", arity=2)
+def _copysign(ctx, a, b):
+    # |a| with b's sign: a select on b < 0 (a negative zero in b counts as positive here,
+    # where copysign reads its sign bit)
+    m = f("abs", a)
+    return f("select", f("lt", b, C(0.0)), f("neg", m), m)
+
+
 for _name, _op in (("eq", "eq"), ("ne", "ne"), ("lt", "lt"), ("le", "le"), ("gt", "gt"),
                    ("ge", "ge")):
     _ew(f"aten.{_name}.Tensor", f"aten.{_name}.Scalar", arity=2)(
