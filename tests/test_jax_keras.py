@@ -54,6 +54,7 @@ def test_keras_vgg16_counts_every_conv_and_dense_layer():
     assert rep.counts.macs == _naive_macs(m)
 
 
+@pytest.mark.slow   # 15-28 s; keras' VGG16 test keeps a whole keras convnet in CI (the suite's 10-minute budget)
 def test_keras_resnet50_needs_less_than_every_layer_whole():
     # ResNet50 v1 downsamples with stride-2 1x1 convolutions: they read the even positions
     # of the previous block's output, so that block's last convolution is confined to the

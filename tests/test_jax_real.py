@@ -63,6 +63,7 @@ def test_flax_resnet50_counts_every_valid_tap():
     assert rep.counts.macs == 2 * _resnet50_macs(224, 1000) == 7_896_503_808
 
 
+@pytest.mark.slow   # 15-28 s; the Flax CNN tests keep a Flax convnet validated in CI (the suite's 10-minute budget)
 def test_flax_resnet50_validates_at_a_small_size():
     # real initial variables: drawn ones would give batch norm a negative variance
     fn, args = _resnet(32, classes=10, real=True)
