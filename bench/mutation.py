@@ -197,14 +197,9 @@ def torch_feeds(env, low) -> dict:
 
 
 def jax_feeds(env, low) -> dict:
-    import jax
-    import numpy as np
-    from solbound.frontends.jax.reference import real_args
+    from solbound.frontends.jax.reference import ir_feeds, real_args
     fn, args, _ = env
-    leaves = jax.tree_util.tree_leaves(real_args(args, 0))
-    feeds = {spec["ir"]: np.asarray(v) for spec, v in zip(low.inputs, leaves) if spec.get("ir")}
-    feeds.update({st["ir"]: np.asarray(st["value"]) for st in low.state})
-    return feeds
+    return ir_feeds(low, real_args(args, 0))
 
 
 def torch_validate(env, low):

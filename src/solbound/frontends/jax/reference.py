@@ -257,6 +257,19 @@ def _golden(o) -> np.ndarray:
     return v.astype(np.float64) if v.dtype.kind in "fV" else v
 
 
+def ir_feeds(lowered, values) -> dict[str, np.ndarray]:
+    """The IR's external tensors from the function's argument values (leaves in order)
+    and the constants it closes over."""
+    import jax
+    leaves = jax.tree_util.tree_leaves(values)
+    feeds = {spec["ir"]: np.asarray(_plain(v), dtype=np.float64
+                                    if _plain(v).dtype.kind == "V" else None)
+             for spec, v in zip(lowered.inputs, leaves) if spec.get("ir")}
+    for st in lowered.state:
+        feeds[st["ir"]] = np.asarray(st["value"])
+    return feeds
+
+
 def _stepped_run(lowered, fn, values, feeds, tol, on_kernel, wide: bool = False):
     """The IR run with each iteration of every top-level loop started from JAX's carries
     (``stepped_reference``): a recurrence that amplifies rounding is checked one step at a
@@ -400,12 +413,7 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
         if not bad:
             break
         redraws.append(f"draw {attempt + 1}: output {bad[0]} not finite")
-    leaves = jax.tree_util.tree_leaves(values)
-    feeds = {spec["ir"]: np.asarray(_plain(v), dtype=np.float64
-                                    if _plain(v).dtype.kind == "V" else None)
-             for spec, v in zip(lowered.inputs, leaves) if spec.get("ir")}
-    for st in lowered.state:
-        feeds[st["ir"]] = np.asarray(st["value"])
+    feeds = ir_feeds(lowered, values)
     draws = recorded_draws(lowered, fn, values) if lowered.random_draws else {}
 
     def replay(k, arrays):

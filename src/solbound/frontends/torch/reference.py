@@ -280,8 +280,8 @@ def _real_value(ep, target: str, val):
     real = getattr(ep, "solbound_real_export", None)
     got = None
     if real is not None:
-        rep = real()
-        got = rep.constants.get(target, rep.state_dict.get(target))
+        real_ep = real()
+        got = real_ep.constants.get(target, real_ep.state_dict.get(target))
     if got is None or _is_abstract(got) or tuple(got.shape) != tuple(val.shape) \
             or got.dtype != val.dtype:
         raise HarnessError(f"the analyzed program's {target} ({val.dtype}, "
