@@ -69,14 +69,6 @@ def test_elementwise_chain_memory_bound(arch):
     assert fused.bound == "memory" and unfused.seconds == pytest.approx(3 * fused.seconds)
 
 
-def test_special_functions_load_the_sfu():
-    n = 1 << 20
-    rep = run(lambda s, x: torch.exp(x), meta(n), arch="h100-sxm")
-    b = rep.bound("h100-sxm", "fused")
-    sfu = 16 * 132 * 1.98e9
-    assert b.pipe_seconds["sfu"] == pytest.approx(n / sfu, rel=1e-6)
-
-
 def test_unknown_policy_is_an_error():
     with pytest.raises(PolicyError):
         Policy.parse("matmul=int4")

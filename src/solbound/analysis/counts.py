@@ -42,6 +42,9 @@ class KernelCounts:
     einsum: str
     ops_per_point: dict[str, int]
     sfu_per_point: int = 0
+    # the SFU ops per point by function (``exp``: 1): which of them an FMA-pipe emulation
+    # may take over (``bounds/special.py``)
+    sfu_ops: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_flops(self) -> int:
@@ -53,20 +56,21 @@ class KernelCounts:
 COMPLEX_FLOPS = {"mul": 6, "add": 2, "sub": 2, "neg": 2, "div": 11}
 
 
-def _body_ops(k: Kernel, cplx: bool = False) -> tuple[dict[str, int], int]:
-    """Distinct scalar ops per unit (structural CSE), and how many use the SFU. In a
-    kernel computing complex values, arithmetic counts its real FLOPs."""
+def _body_ops(k: Kernel, cplx: bool = False) -> tuple[dict[str, int], dict[str, int]]:
+    """Distinct scalar ops per unit (structural CSE), and those that use the SFU, by
+    function. In a kernel computing complex values, arithmetic counts its real FLOPs."""
     seen: set = set()
     per_unit: dict[str, int] = defaultdict(int)
-    sfu = 0
+    sfu: dict[str, int] = defaultdict(int)
     for e in walk(k.body):
         if isinstance(e, Call) and e not in seen:
             seen.add(e)
             unit = SCALAR_OPS[e.op][1]
             if unit is not None:
                 per_unit[unit] += COMPLEX_FLOPS.get(e.op, 1) if cplx else 1
-            sfu += e.op in SFU_OPS
-    return dict(per_unit), sfu
+            if e.op in SFU_OPS:
+                sfu[e.op] += 1
+    return dict(per_unit), dict(sfu)
 
 
 def _access_key(acc: Access, ext: dict[str, int], guard) -> tuple:
@@ -216,7 +220,7 @@ def count_kernel(n: Einsum, tensors, origin: dict[str, str] | None = None) -> Ke
             dtype = tensors[names[0]].dtype
         points = tensors[k.out].numel
         per_point = {}
-        sfu = 0
+        sfu = {}
     elif n.kind == "contraction":
         macs = points
         # the precision of the program's own operands (narrowest of the two)
@@ -230,7 +234,7 @@ def count_kernel(n: Einsum, tensors, origin: dict[str, str] | None = None) -> Ke
         else:
             flops[VECTOR] += 2 * points
         per_point = {MATRIX if matrix_class else VECTOR: 2}
-        sfu = 0
+        sfu = {}
     else:
         for unit, c in body.items():
             flops[unit] += c * points
@@ -254,7 +258,8 @@ def count_kernel(n: Einsum, tensors, origin: dict[str, str] | None = None) -> Ke
         t = tensors[o]
         writes[o] = access_footprint(Access(o, k.out_index), t.shape, ext, ())
     return KernelCounts(k.name, k.op or k.name, k.opname, k.src, n.kind, points, macs, flops,
-                        matrix_class, dtype, reads, writes, n.signature, per_point, sfu)
+                        matrix_class, dtype, reads, writes, n.signature, per_point,
+                        sum(sfu.values()), sfu)
 
 
 @dataclass

@@ -365,17 +365,14 @@ class _TooMany(Exception):
 def with_reorder(report, opp: dict) -> dict[str, float]:
     """Per chip: the fused bound with the chain contracted in the optimal order (its
     kernels' work scaled by ``macs_after / macs_before``; traffic unchanged)."""
-    from .roofline import _compute, kernel_pipe_work
+    from .roofline import _compute, work_of
     names = set(opp["kernels"])
     scale = opp["macs_after"] / opp["macs_before"]
     out = {}
     for spec in report.specs:
-        work: dict[str, float] = {}
-        for k in report.counts.kernels:
-            f = scale if k.name in names else 1.0
-            for p, n in kernel_pipe_work(k, report.policy).items():
-                work[p] = work.get(p, 0.0) + n * f
-        t_c = _compute(work, spec, [])[0]
+        work, special = work_of(report.counts.kernels, report.policy,
+                                {n: scale for n in names})
+        t_c = _compute(work, spec, [], special)[0]
         fused = report.bound(spec.id, "fused")
         out[spec.id] = max(t_c, fused.memory_seconds)
     return out

@@ -105,6 +105,25 @@ def kernel_pipe_work(k: KernelCounts, policy: Policy) -> dict[str, float]:
     return work
 
 
+def kernel_special_ops(k: KernelCounts) -> dict[str, float]:
+    """The kernel's SFU ops by function (``exp``: how many): its ``sfu`` work, named."""
+    return {f: float(k.points * n) for f, n in k.sfu_ops.items() if n}
+
+
+def work_of(kernels, policy: Policy, scale=None) -> tuple[dict[str, float], dict[str, float]]:
+    """``(work per pipe, SFU ops per function)`` of some kernels (``scale``: kernel name ->
+    factor on its work), what :func:`_compute` takes."""
+    work: dict[str, float] = {}
+    special: dict[str, float] = {}
+    for k in kernels:
+        f = scale.get(k.name, 1.0) if scale else 1.0
+        for p, n in kernel_pipe_work(k, policy).items():
+            work[p] = work.get(p, 0.0) + n * f
+        for fn, n in kernel_special_ops(k).items():
+            special[fn] = special.get(fn, 0.0) + n * f
+    return work, special
+
+
 def resolve_peak(spec: Spec, pipe: str) -> tuple[str, float, str]:
     """(pipe used, peak, note); the note names any substitution."""
     if spec.peak(pipe):
@@ -143,6 +162,9 @@ class Bound:
     comm_seconds: float = 0.0
     link_bandwidth: float = 0.0
     no_overlap_seconds: float | None = None
+    # special functions moved from the SFU to an FMA-pipe emulation: function -> ops
+    # (``bounds/special.py``)
+    emulated: dict[str, float] = field(default_factory=dict)
 
     @property
     def binding_unit(self) -> str:
@@ -150,9 +172,14 @@ class Bound:
         return max(self.unit_seconds, key=self.unit_seconds.get) if self.unit_seconds else ""
 
 
-def _compute(work: dict[str, float], spec: Spec, notes: list[str]) -> tuple[float, dict, dict, dict]:
+def _compute(work: dict[str, float], spec: Spec, notes: list[str],
+             special: dict[str, float] | None = None,
+             emulated: dict[str, float] | None = None) -> tuple[float, dict, dict, dict]:
     """(T_compute, seconds per pipe, peaks used, seconds per physical unit). Pipes on one
-    unit add up; units run concurrently, so T_compute is the max over units."""
+    unit add up; units run concurrently, so T_compute is the max over units. ``special``
+    (the SFU work by function): the special functions are split optimally between the SFU
+    and an emulation on the FMA pipes (``bounds/special.py``); what moved is added to
+    ``emulated`` and said in ``notes``."""
     per_pipe: dict[str, float] = {}
     peaks: dict[str, float] = {}
     per_unit: dict[str, float] = {}
@@ -164,7 +191,35 @@ def _compute(work: dict[str, float], spec: Spec, notes: list[str]) -> tuple[floa
         peaks[used] = peak
         unit = spec.unit_of(used)
         per_unit[unit] = per_unit.get(unit, 0.0) + n / peak
+    if special:
+        _split_special(special, spec, per_pipe, peaks, per_unit, notes, emulated)
     return (max(per_unit.values()) if per_unit else 0.0), per_pipe, peaks, per_unit
+
+
+def _split_special(special, spec: Spec, per_pipe, peaks, per_unit, notes, emulated) -> None:
+    """Move special functions from the SFU to an FMA-pipe emulation where that lowers
+    ``max(SFU, vector)`` time (in place)."""
+    from .special import describe, split
+    p_s, p_v = spec.peak("sfu"), spec.peak("vector_fp32")
+    if not p_s or not p_v or "sfu" not in per_pipe:
+        return
+    u_s, u_v = spec.unit_of("sfu"), spec.unit_of("vector_fp32")
+    moved, _, added = split(special, p_s, p_v / 2, per_unit.get(u_v, 0.0), same_unit=u_s == u_v)
+    if not moved:
+        return
+    saved = sum(moved.values()) / p_s
+    per_pipe["sfu"] -= saved
+    per_unit[u_s] -= saved
+    per_pipe["vector_fp32"] = per_pipe.get("vector_fp32", 0.0) + added
+    per_unit[u_v] = per_unit.get(u_v, 0.0) + added
+    peaks["vector_fp32"] = p_v
+    if notes is not None:
+        note = f"{spec.id}: {describe(moved, special)}"
+        if note not in notes:
+            notes.append(note)
+    if emulated is not None:
+        for f, n in moved.items():
+            emulated[f] = emulated.get(f, 0.0) + n
 
 
 def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
@@ -172,12 +227,10 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
     """One bound per fidelity (``bounds/fidelity.py``; ``modes``: only those); a fidelity
     that needs the graph is skipped without one."""
     from .fidelity import FIDELITIES, FidelityInput
-    work: dict[str, float] = {}
-    for k in pc.kernels:
-        for p, n in kernel_pipe_work(k, policy).items():
-            work[p] = work.get(p, 0.0) + n
+    work, special = work_of(pc.kernels, policy)
     notes: list[str] = []
-    t_c, per_pipe, peaks, per_unit = _compute(work, spec, notes)
+    emulated: dict[str, float] = {}
+    t_c, per_pipe, peaks, per_unit = _compute(work, spec, notes, special, emulated)
     total_flops = sum(pc.flops.values())
     comm = None
     if pc.collectives:
@@ -194,11 +247,8 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
         if fid.serial:
             serial = 0.0
             for g in pc.groups:
-                gw: dict[str, float] = {}
-                for i in g.kernels:
-                    for p, n in kernel_pipe_work(pc.kernels[i], policy).items():
-                        gw[p] = gw.get(p, 0.0) + n
-                serial += max(_compute(gw, spec, [])[0], g.traffic.bytes / spec.bandwidth)
+                gw, gs = work_of([pc.kernels[i] for i in g.kernels], policy)
+                serial += max(_compute(gw, spec, [], gs)[0], g.traffic.bytes / spec.bandwidth)
         t = max(t_c, t_m)
         binding = "compute" if t_c >= t_m else "memory"
         t_comm = comm.seconds if comm else 0.0
@@ -209,6 +259,7 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
                   total_flops / traffic.bytes if traffic.bytes else float("inf"),
                   per_pipe, peaks, spec.bandwidth, list(notes), serial, per_unit,
                   traffic.cache_bytes, traffic.explanation, traffic.detail)
+        b.emulated = dict(emulated)
         if comm:
             b.comm_seconds, b.link_bandwidth = t_comm, comm.link_bandwidth
             b.no_overlap_seconds = t + t_comm
@@ -222,11 +273,8 @@ def group_seconds(pc: ProgramCounts, spec: Spec, policy: Policy) -> list[tuple[f
     """Per framework operator: (time, compute, memory) in the unfused model."""
     res = []
     for g in pc.groups:
-        gw: dict[str, float] = {}
-        for i in g.kernels:
-            for p, n in kernel_pipe_work(pc.kernels[i], policy).items():
-                gw[p] = gw.get(p, 0.0) + n
-        c = _compute(gw, spec, [])[0]
+        gw, gs = work_of([pc.kernels[i] for i in g.kernels], policy)
+        c = _compute(gw, spec, [], gs)[0]
         m = g.traffic.bytes / spec.bandwidth
         res.append((max(c, m), c, m))
     return res

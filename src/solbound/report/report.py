@@ -230,6 +230,7 @@ class Report:
                 **({"serial_seconds": b.serial_seconds} if b.serial_seconds is not None else {}),
                 **({"cache_bytes": b.cache_bytes} if b.cache_bytes is not None else {}),
                 "comm_seconds": b.comm_seconds, "link_bandwidth": b.link_bandwidth,
+                "emulated": b.emulated,
                 **({"no_overlap_seconds": b.no_overlap_seconds}
                    if b.no_overlap_seconds is not None else {}),
                 **({"segments": _segments(b.detail)} if b.detail is not None else {}),
