@@ -9,8 +9,9 @@ import torch.nn as nn
 from helpers import run
 from solbound.bounds.roofline import Policy, PolicyError
 
-CHIPS = {  # (vector fp32, tf32 tensor, bf16 tensor, DRAM B/s) from the catalog
-    "h100-sxm": (66.9e12, 494.7e12, 989.4e12, 3.35e12),
+CHIPS = {  # (vector fp32, tf32 tensor, bf16 tensor, DRAM B/s) from the catalog; the H100's
+    # tensor rates are printed at 1830 MHz and its SMs boost to 1980 MHz (the default clock)
+    "h100-sxm": (66.9e12, 494.7e12 * 1980 / 1830, 989.4e12 * 1980 / 1830, 3.35e12),
     "a100-sxm": (19.5e12, 156e12, 312e12, 2.039e12),
 }
 
@@ -80,3 +81,32 @@ def test_chip_without_a_pipe_says_which_substitute():
     notes = rep.bound("tpu-v5e", "fused").notes
     assert any("no vector_fp32 peak" in n for n in notes)
     assert math.isfinite(rep.bound("tpu-v5e", "fused").seconds)
+
+
+def test_peaks_at_the_chips_highest_clock_by_default_and_at_a_clock_given():
+    """The H100 SXM's dense tensor rates are printed at 1830 MHz, its SMs boost to 1980 MHz:
+    the default bound scales them up (no kernel beats it); @datasheet keeps them, a sustained
+    clock scales every compute peak, DRAM bandwidth stays."""
+    n = 2048
+    a, c = meta(n, n, dtype=torch.bfloat16), meta(n, n, dtype=torch.bfloat16)
+    secs = {}
+    for arch in ("h100-sxm", "h100-sxm@datasheet", "h100-sxm@1500MHz"):
+        rep = run(lambda s, x, y: x @ y, a, c, arch=arch)
+        b = rep.bounds[0]
+        secs[arch] = b.compute_seconds
+        assert b.memory_seconds == pytest.approx(3 * n * n * 2 / 3.35e12, rel=1e-12, abs=0)
+    flops = 2 * n ** 3
+    assert secs["h100-sxm"] == pytest.approx(flops / (989.4e12 * 1980 / 1830), rel=1e-12, abs=0)
+    assert secs["h100-sxm@datasheet"] == pytest.approx(flops / 989.4e12, rel=1e-12, abs=0)
+    assert secs["h100-sxm@1500MHz"] == pytest.approx(flops / (989.4e12 * 1500 / 1830),
+                                                      rel=1e-12, abs=0)
+    rep = run(lambda s, x, y: x @ y, a, c, arch="h100-sxm")
+    assert any("1980 MHz" in x and "1830 MHz" in x for x in rep.bounds[0].notes)
+
+
+def test_a_clock_on_the_command_line(capsys):
+    from solbound.cli import main
+    assert main(["analyze", "examples/mlp_block.py", "--arch", "h100-sxm", "--clock", "fast"]) == 2
+    assert "clock 'fast': use max, datasheet" in capsys.readouterr().err
+    assert main(["analyze", "examples/mlp_block.py", "--arch", "h20", "--clock", "1500"]) == 2
+    assert "h20: " in capsys.readouterr().err

@@ -19,6 +19,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="comma-separated chip ids (see `solbound chips`), 'all', or a spec .toml")
     p.add_argument("--precision-policy", default=None,
                    help="default | tf32 | fp32 | matmul=tf32,conv=fp32,attention=fp32")
+    p.add_argument("--clock", default=None, metavar="max|datasheet|MHz",
+                   help="the clock every chip's compute peaks are scaled to: max (default: "
+                        "each chip's highest boost clock, a bound no kernel beats), datasheet "
+                        "(the vendor's rates as printed), or a sustained clock (1755MHz, "
+                        "1.6GHz; a bare number is MHz); per chip: --arch h100-sxm@1755MHz")
     p.add_argument("--chip-file", action="append", default=None, metavar="TOML",
                    help="a chip of your own (the catalog's schema; every field checked); "
                         "may repeat")
@@ -371,12 +376,19 @@ def _size(b: int) -> str:
 
 
 def _archs(a) -> str | None:
-    """``--arch`` plus any ``--chip-file`` (a user's own chip, checked field by field)."""
+    """``--arch`` plus any ``--chip-file`` (a user's own chip, checked field by field),
+    each at ``--clock`` when one is given."""
     files = list(getattr(a, "chip_file", None) or [])
-    if not files:
-        return a.arch
     base = a.arch or ""
-    return ",".join([x for x in base.split(",") if x.strip()] + files) if base else ",".join(files)
+    archs = ([x.strip() for x in base.split(",") if x.strip()] if base else []) + files
+    clock = getattr(a, "clock", None)
+    if clock:
+        from .hardware.catalog import DEFAULT_ARCHS, catalog, parse_clock
+        parse_clock(clock)                 # a malformed clock is one clear error
+        if base.strip() == "all":
+            archs = list(catalog()) + files
+        archs = [f"{x}@{clock}" for x in (archs or list(DEFAULT_ARCHS))]
+    return ",".join(archs) if archs else None
 
 
 def cmd_provision(a) -> int:

@@ -228,7 +228,7 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
     that needs the graph is skipped without one."""
     from .fidelity import FIDELITIES, FidelityInput
     work, special = work_of(pc.kernels, policy)
-    notes: list[str] = []
+    notes: list[str] = [spec.clock_note()] if spec.clock_note() else []
     emulated: dict[str, float] = {}
     t_c, per_pipe, peaks, per_unit = _compute(work, spec, notes, special, emulated)
     total_flops = sum(pc.flops.values())

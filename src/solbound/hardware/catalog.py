@@ -3,8 +3,19 @@
 >>> spec = load_spec("h100-sxm")
 >>> spec.bandwidth
 3350000000000.0
->>> spec.peak("tensor_bf16")
+
+Every rate states the clock it assumes: an entry's own ``clock``, else the chip's
+``[compute] clock`` (its highest boost clock). A spec's peaks are scaled to one clock
+(``at_clock``): by default the highest clock the chip runs at, which gives the bound no kernel
+can beat; ``datasheet`` keeps the vendor's rates as printed; a number is a sustained clock.
+The H100 SXM's 989.4 dense bf16 TFLOPS are stated at 1830 MHz; its SMs boost to 1980 MHz:
+
+>>> round(spec.peak("tensor_bf16") / 1e12, 1), spec.clocked
+(1070.5, 'max')
+>>> load_spec("h100-sxm@datasheet").peak("tensor_bf16")
 989400000000000.0
+>>> round(load_spec("h100-sxm@1755MHz").peak("tensor_bf16") / 1e12, 1)
+948.9
 """
 
 from __future__ import annotations
@@ -43,7 +54,8 @@ SECTION_KEYS = {"dram": {"bandwidth", "capacity"},
                 "links": {"scale_up", "scale_up_domain", "in_network_reduction", "scale_out"}}
 BOOLEAN_KEYS = {("links", "in_network_reduction")}
 # min/median/max: the spread of a measured value over its trials (``solbound calibrate``)
-ENTRY_KEYS = {"value", "unit", "source", "uncertain", "note", "min", "median", "max"}
+# clock: the clock (Hz) a rate is stated at, where it is not the chip's [compute] clock
+ENTRY_KEYS = {"value", "unit", "source", "uncertain", "note", "min", "median", "max", "clock"}
 UNIT_NAMES = {"tensor", "vector", "fp64", "sfu"}
 
 
@@ -59,9 +71,56 @@ class Spec:
     path: str = ""
     units: dict[str, str] = field(default_factory=dict)   # pipe -> physical unit (overrides)
     links: dict[str, float] = field(default_factory=dict)  # [links]: see SECTION_KEYS
+    clock: float | None = None             # [compute] clock: the highest boost clock, Hz
+    # the clock the peaks are scaled to: "max" (the chip's clock), "datasheet" (each rate
+    # at its own stated clock) or a number of Hz (a sustained clock)
+    clocked: str | float = "datasheet"
 
     def peak(self, pipe: str) -> float | None:
         return self.peaks.get(pipe)
+
+    def rate_clock(self, pipe: str) -> float | None:
+        """The clock a peak is stated at: its entry's ``clock``, else the chip's clock."""
+        c = self.entries.get(pipe, {}).get("clock")
+        return float(c) if c else self.clock
+
+    def at_clock(self, clock: str | float = "max") -> "Spec":
+        """This chip with every compute peak scaled to ``clock``: ``"max"`` (the chip's
+        ``[compute] clock``, the highest it runs at: no kernel beats a bound at it),
+        ``"datasheet"`` (each rate as the vendor prints it) or Hz (a sustained clock).
+        Memory bandwidth and capacities do not follow the SM clock."""
+        import dataclasses
+        if clock == "datasheet":
+            peaks = {p: float(self.entries[p]["value"]) if p in self.entries else v
+                     for p, v in self.peaks.items()}
+            return dataclasses.replace(self, peaks=peaks, clocked="datasheet")
+        target = self.clock if clock == "max" else float(clock)
+        peaks = {}
+        for p, v in self.peaks.items():
+            raw = float(self.entries[p]["value"]) if p in self.entries else v
+            at = self.rate_clock(p)
+            if target is None or at is None:
+                if clock != "max":
+                    raise SpecError(f"{self.id}: {p} states no clock (no [compute] clock and "
+                                    f"no clock on the entry), so it cannot be scaled to "
+                                    f"{clock_text(target)}")
+                peaks[p] = raw
+                continue
+            peaks[p] = raw if at == target else raw * target / at
+        return dataclasses.replace(self, peaks=peaks, clocked=clock)
+
+    def clock_note(self) -> str:
+        """What clock the peaks assume, where that is not each rate as printed ("" else)."""
+        scaled = sorted(p for p in self.peaks if p in self.entries
+                        and self.peaks[p] != float(self.entries[p]["value"]))
+        if not scaled:
+            return ""
+        at = sorted({clock_text(self.rate_clock(p)) for p in scaled})
+        how = ("the chip's highest boost clock" if self.clocked == "max"
+               else "a sustained clock given")
+        target = self.clock if self.clocked == "max" else float(self.clocked)
+        return (f"{self.id}: compute peaks at {clock_text(target)} ({how}); the data sheet "
+                f"states {', '.join(scaled)} at {', '.join(at)} (@datasheet for those rates)")
 
     def unit_of(self, pipe: str) -> str:
         """The physical unit a pipe's work runs on: work on one unit adds up in time
@@ -181,7 +240,38 @@ def _parse(data: dict, path: str) -> Spec:
         peaks={k: float(v["value"]) for k, v in data.get("peaks", {}).items()},
         onchip={k: float(v["value"]) for k, v in data.get("onchip", {}).items()},
         entries=entries, path=path, units=units,
-        links={k: v["value"] for k, v in data.get("links", {}).items()})
+        links={k: v["value"] for k, v in data.get("links", {}).items()},
+        clock=float(data["compute"]["clock"]["value"]) if "clock" in data.get("compute", {})
+        else None).at_clock("max")
+
+
+def clock_text(hz: float | None) -> str:
+    """A clock in MHz.
+
+    >>> clock_text(1.83e9), clock_text(1755e6)
+    ('1830 MHz', '1755 MHz')
+    """
+    return "no clock" if hz is None else f"{hz / 1e6:.0f} MHz"
+
+
+def parse_clock(text: str) -> str | float:
+    """``max``, ``datasheet``, or a clock: ``1755MHz``, ``1.755GHz``, ``1755`` (MHz).
+
+    >>> parse_clock("max"), parse_clock("1.98GHz"), parse_clock("1755")
+    ('max', 1980000000.0, 1755000000.0)
+    """
+    import re
+    t = text.strip().lower()
+    if t in ("max", "datasheet"):
+        return t
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(ghz|mhz|hz)?", t)
+    if not m:
+        raise SpecError(f"clock {text!r}: use max, datasheet, or a clock such as 1755MHz or "
+                        f"1.755GHz (a bare number is MHz)")
+    v = float(m.group(1)) * {"ghz": 1e9, "mhz": 1e6, "hz": 1.0, None: 1e6}[m.group(2)]
+    if not v > 0:
+        raise SpecError(f"clock {text!r} is not positive")
+    return v
 
 
 def spec_from_file(path: str) -> Spec:
@@ -209,7 +299,11 @@ def catalog() -> dict[str, Spec]:
 
 def load_spec(arch: str) -> Spec:
     """A catalog id (``h100-sxm``), ``host`` (the spec ``solbound calibrate`` measured on
-    this machine) or a path to a spec TOML file."""
+    this machine) or a path to a spec TOML file; ``@CLOCK`` after any of them scales the
+    compute peaks (``h100-sxm@1755MHz``, ``b200@datasheet``; default ``@max``)."""
+    base, at, clock = arch.rpartition("@")
+    if at and base and not clock.endswith(".toml") and os.path.sep not in clock:
+        return load_spec(base).at_clock(parse_clock(clock))
     if arch.endswith(".toml") or os.path.sep in arch:
         return spec_from_file(arch)
     if arch.strip().lower() == "host":

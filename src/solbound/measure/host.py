@@ -137,7 +137,8 @@ def spec_toml(res: dict, framework: str, name: str | None = None, *, kind: str =
         elif fallback is not None and key in fallback.peaks:
             e = fallback.entries.get(key, {})
             unit = e.get("unit", "FLOP/s")
-            lines.append(f'{key} = {{ value = {fallback.peaks[key]:.6g}, unit = "{unit}", '
+            # the catalog's peak at the clock it was loaded at (default the chip's highest)
+            lines.append(f'{key} = {{ value = {fallback.peaks[key]!r}, unit = "{unit}", '
                          f'source = "catalog {fallback.id}, not measured by calibrate", '
                          f'uncertain = true }}')
     if kind == "cpu":
