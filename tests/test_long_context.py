@@ -81,3 +81,52 @@ def test_a_mask_past_the_fold_limit_is_named_in_the_assumptions():
     macs, assumptions, _ = _macs(Documents(), 256)
     assert macs == 2 * D * 256 * 257 // 2
     assert any("not an affine region" in a for a in assumptions)
+
+
+class Prefix(nn.Module):
+    """A prefix-LM: every query sees the prefix, and the keys before it (causal or prefix:
+    what it keeps is a union of two regions, what it masks is one)."""
+
+    def __init__(self, p: int):
+        super().__init__()
+        self.p = p
+
+    def forward(self, q, k, v):
+        i = torch.arange(q.shape[2], device=q.device)
+        keep = (i[None, :] <= i[:, None]) | (i[None, :] < self.p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+class Strided(nn.Module):
+    """Any affine guard: key j kept where 2j <= i + 7 (a coefficient of 2, which the fold's
+    coordinate-difference atoms do not describe but the symbolic pass does)."""
+
+    def forward(self, q, k, v):
+        i = torch.arange(q.shape[2], device=q.device)
+        keep = 2 * i[None, :] <= i[:, None] + 7
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def test_an_affine_guard_with_a_coefficient_is_exact_at_128k_with_no_note():
+    for s in (256, 131072):
+        macs, assumptions, _ = _macs(Strided(), s)
+        pairs = sum(min(s, (r + 7) // 2 + 1) for r in range(s))
+        assert macs == 2 * D * pairs, s
+        # it was named "not an affine region" at 256 tokens, though counted exactly
+        assert not [a for a in assumptions if "mask" in a], assumptions
+
+
+def test_a_prefix_lm_mask_is_named_never_silent():
+    """What a prefix-LM keeps is a union (causal or in the prefix): no conjunction of atoms
+    guards it, so its work is counted dense, and the report says so at every length (it was
+    silent below the fold limit)."""
+    p = 64
+    for s in (256, 131072):
+        macs, assumptions, _ = _macs(Prefix(p), s)
+        exact = 2 * D * (p * p + s * (s + 1) // 2 - p * (p + 1) // 2)
+        assert macs == 2 * D * s * s and macs > exact
+        assert any("keeps a union of regions" in a or "limit of folding masks" in a
+                   for a in assumptions), assumptions
+    _, assumptions, _ = _macs(Prefix(p), 256)
+    assert any("keeps a union of regions" in a and "test_long_context.py" in a
+               for a in assumptions)

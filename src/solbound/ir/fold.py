@@ -143,9 +143,36 @@ def fold_report(p: Program, limit: int = FOLD_LIMIT,
         f = describe(arrays[t])
         if f is not None:
             facts[t] = f
-        elif arrays[t].dtype == np.bool_:
+        elif arrays[t].dtype == np.bool_ or _two_valued(arrays[t]):
+            # a mask, boolean or additive (0 and -inf), that is no conjunction of atoms
             dense.append(t)
     return facts, dense
+
+
+def _two_valued(a: np.ndarray) -> bool:
+    return a.size > 0 and len(np.unique(a.reshape(-1)[: 1 << 24])) == 2
+
+
+def still_read(masks: list[str], after: Program) -> list[str]:
+    """The masks among ``masks`` that ``after`` (the program once the known-value pass has
+    run) still reads from a kernel that is not itself one of them: the masks that still
+    mask work (the pass turns what it can describe into guards, and those are no longer
+    read)."""
+    read = {a.tensor for k in after.kernels if not set(k.outputs) & set(masks)
+            for a in kernel_reads(k)}
+    return [t for t in masks if t in read]
+
+
+def dense_mask_notes(p: Program, masks: list[str]) -> list[str]:
+    """One ``assumption:`` note per mask known before the run that no affine region
+    describes (``fold_report``'s second list, filtered by :func:`still_read`)."""
+    notes = []
+    for t in masks:
+        w = next((k for k in p.kernels if k.out == t), None)
+        src = f" ({w.opname or w.op}, {w.src})" if w is not None and w.src else ""
+        notes.append(f"assumption: mask {t}{src} is known before the run but is not an "
+                     f"affine region: the work it masks is counted dense")
+    return notes
 
 
 def _py(v):
@@ -226,4 +253,4 @@ def _atoms(mask: np.ndarray) -> tuple[Atom, ...] | None:
 
 
 __all__ = ["fold", "fold_report", "describe", "data_free", "over_limit", "over_limit_notes",
-           "FOLD_LIMIT"]
+           "still_read", "dense_mask_notes", "FOLD_LIMIT"]

@@ -468,8 +468,15 @@ def _new_atoms(k: Kernel, atoms) -> tuple[Atom, ...]:
 def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
                     seeds: dict | None = None, folded: dict | None = None,
                     state: frozenset[str] = frozenset(),
-                    bools: frozenset[str] = frozenset()) -> list[Kernel]:
+                    bools: frozenset[str] = frozenset(),
+                    undecided: list | None = None,
+                    described: set | None = None) -> list[Kernel]:
     """The kernels with known-constant regions turned into guards (see the module doc).
+    ``undecided``: ``(kernel, why)`` of reductions whose mask is left dense: telling
+    whether a row keeps a point took more than ``ROWS_LIMIT`` points (``limit``), or the
+    mask keeps a union of regions (``union``). ``described``: the tensors this pass found
+    a region or a constant for (a mask ``fold`` could not describe, such as a comparison
+    with a coefficient of 2, may be one).
 
     ``shapes`` gives every tensor's shape; ``seeds`` maps tensors the program receives
     (inputs built triangular, constant mask buffers, a position counter's value) to facts
@@ -514,11 +521,24 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
                 fact = _fact_of(k, val, names)
                 if fact is not None:
                     facts[k.out] = fact
+                    if described is not None and (isinstance(fact, Known) or isinstance(
+                            fact, Cond) and isinstance(fact.t, Known) and isinstance(fact.f, Known)):
+                        described.add(k.out)
+        elif k.reduce in _IDENTITY and isinstance(val, Cond) and undecided is not None \
+                and _is_identity(k.reduce, val.t) and not _is_identity(k.reduce, val.f) \
+                and _new_atoms(k, val.atoms):
+            # the masked part is one affine region, the kept part is not (a union: a
+            # prefix-LM's "causal or in the prefix"): no conjunction of atoms guards it
+            undecided.append((k, "union"))
         elif k.reduce in _IDENTITY and isinstance(val, Cond) and _is_identity(k.reduce, val.f) \
                 and not _eq(val.t, val.f):
             new = _new_atoms(k, val.atoms)
-            if new and k.reduce in ("max", "min") and not _rows_nonempty(k, new):
-                # a row entirely masked: its max is the masked value itself, not -inf
+            nonempty = _rows_nonempty(k, new) if new and k.reduce in ("max", "min") else True
+            if nonempty is None and undecided is not None:
+                undecided.append((k, "limit"))
+            if not nonempty:
+                # a row entirely masked (or too many points to tell): its max is the masked
+                # value itself, not -inf, so the mask stays data and the reduction dense
                 facts[k.out] = NONFINITE
             elif new:
                 k = k.with_(guard=k.guard + new)
@@ -529,13 +549,14 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
 ROWS_LIMIT = 1 << 25
 
 
-def _rows_nonempty(k: Kernel, atoms) -> bool:
+def _rows_nonempty(k: Kernel, atoms) -> bool | None:
     """Every output element of reduction ``k`` keeps at least one point under its guard
-    plus ``atoms``. With one reduced variable ``j`` among the atoms' variables (a causal or
-    windowed row: ``j <= i``), each row's ``j`` is an interval solved from the atoms in
-    closed form, so only the rows are enumerated (a causal mask of 131,072 tokens: 131,072
-    rows, not 2^34 points); otherwise the points are enumerated up to ``ROWS_LIMIT`` (too
-    many: no)."""
+    plus ``atoms``; ``None`` when that is too many points to decide. One reduced variable
+    ``j`` among the atoms' variables (the one of largest extent) is solved per row in closed
+    form, an interval from the atoms (a causal or windowed row: ``j <= i``); the rows and any
+    other reduced variables of the atoms are enumerated, up to ``ROWS_LIMIT`` (a causal mask
+    of 131,072 tokens: 131,072 rows, not 2^34 points; a 2-d neighbourhood window: the rows
+    times one key axis)."""
     import numpy as np
     guard = tuple(k.guard) + tuple(atoms)
     ext = k.extents
@@ -544,45 +565,70 @@ def _rows_nonempty(k: Kernel, atoms) -> bool:
         return True
     red = set(k.reduce_vars)
     inner = [v for v in names if v in red]
-    rows = [v for v in names if v not in red]
-    if len(inner) == 1 and math.prod(ext[v] for v in rows) <= ROWS_LIMIT:
-        j = inner[0]
-        grids = np.ix_(*[np.arange(ext[v]) for v in rows]) if rows else ()
+    if not inner:
+        # no reduced variable in the atoms: a row keeps all or nothing
+        rows = names
+        if math.prod(ext[v] for v in rows) > ROWS_LIMIT:
+            return None
+        grids = np.ix_(*[np.arange(ext[v]) for v in rows])
         env = dict(zip(rows, grids))
-        shape = [ext[v] for v in rows]
-        lo = np.zeros(shape, dtype=np.int64)
-        hi = np.full(shape, ext[j] - 1, dtype=np.int64)
-        ok = np.ones(shape, dtype=bool)
+        ok = np.ones([ext[v] for v in rows], dtype=bool)
         for a in guard:
-            c = a.expr.coef(j)
-            rest = Aff(tuple((v, x) for v, x in a.expr.terms if v != j), a.expr.const)
-            r = np.broadcast_to(np.asarray(rest.evaluate(env), dtype=np.int64), shape)
-            if c == 0:
-                ok &= np.broadcast_to(Atom(rest, a.lo, a.hi).holds(env), shape)
-                continue
-            # a.lo <= c*j + r <= a.hi - 1: bounds on j (ceil(x / c) is -(-x // c))
-            if a.lo is not None:
-                b = a.lo - r
-                if c > 0:
-                    lo = np.maximum(lo, -((-b) // c))
-                else:
-                    hi = np.minimum(hi, b // c)
-            if a.hi is not None:
-                b = a.hi - 1 - r
-                if c > 0:
-                    hi = np.minimum(hi, b // c)
-                else:
-                    lo = np.maximum(lo, -((-b) // c))
-        return bool((ok & (lo <= hi)).all())
-    if math.prod(ext[v] for v in names) > ROWS_LIMIT:
-        return False
-    grids = np.ix_(*[np.arange(ext[v]) for v in names])
-    env = dict(zip(names, grids))
-    ok = np.ones([ext[v] for v in names], dtype=bool)
+            ok &= np.broadcast_to(a.holds(env), ok.shape)
+        return bool(ok.all())
+    j = max(inner, key=lambda v: (ext[v], v))
+    rows = [v for v in names if v != j]
+    if math.prod(ext[v] for v in rows) > ROWS_LIMIT:
+        return None
+    grids = np.ix_(*[np.arange(ext[v]) for v in rows]) if rows else ()
+    env = dict(zip(rows, grids))
+    shape = [ext[v] for v in rows]
+    lo = np.zeros(shape, dtype=np.int64)
+    hi = np.full(shape, ext[j] - 1, dtype=np.int64)
+    ok = np.ones(shape, dtype=bool)
     for a in guard:
-        ok &= np.broadcast_to(a.holds(env), ok.shape)
-    axes = tuple(i for i, v in enumerate(names) if v in red)
-    return bool(ok.any(axis=axes).all()) if axes else bool(ok.all())
+        c = a.expr.coef(j)
+        rest = Aff(tuple((v, x) for v, x in a.expr.terms if v != j), a.expr.const)
+        r = np.broadcast_to(np.asarray(rest.evaluate(env), dtype=np.int64), shape)
+        if c == 0:
+            ok &= np.broadcast_to(Atom(rest, a.lo, a.hi).holds(env), shape)
+            continue
+        # a.lo <= c*j + r <= a.hi - 1: bounds on j (ceil(x / c) is -(-x // c))
+        if a.lo is not None:
+            b = a.lo - r
+            if c > 0:
+                lo = np.maximum(lo, -((-b) // c))
+            else:
+                hi = np.minimum(hi, b // c)
+        if a.hi is not None:
+            b = a.hi - 1 - r
+            if c > 0:
+                hi = np.minimum(hi, b // c)
+            else:
+                lo = np.maximum(lo, -((-b) // c))
+    kept = ok & (lo <= hi)
+    # the other reduced variables: a row is kept if any of their values keeps a point
+    axes = tuple(i for i, v in enumerate(rows) if v in red)
+    return bool(kept.any(axis=axes).all()) if axes else bool(kept.all())
+
+
+def undecided_notes(undecided: list[tuple[Kernel, str]]) -> list[str]:
+    """One note per reduction ``propagate_known`` left dense: for want of ``ROWS_LIMIT``
+    (``limit``), or because what its mask keeps is a union of regions (``union``)."""
+    notes = []
+    for k, why in undecided:
+        where = f"{k.opname or k.op or k.name}" + (f" ({k.src})" if k.src else "")
+        if why == "limit":
+            notes.append(f"assumption: the mask of {where} is counted dense: telling whether "
+                         f"every row keeps a point takes more than {ROWS_LIMIT:,} points (the "
+                         f"masked work is counted, so the bound may be above the fastest "
+                         f"kernel's)")
+        else:
+            notes.append(f"assumption: the mask of {where} keeps a union of regions (what it "
+                         f"masks is one affine region, what it keeps is not, as a prefix-LM's "
+                         f"causal-or-prefix mask): the masked work is counted dense, so the "
+                         f"bound may be above the fastest kernel's")
+    return list(dict.fromkeys(notes))
 
 
 def _rewrite_map(k: Kernel, val):

@@ -276,21 +276,25 @@ def refine(p: Program, constants: dict | None = None,
     (``mask_inputs``, found here when not given). Returns (program, tensors computed only
     where read, data-free masks no fact describes: counted dense)."""
     from .demand import restrict_to_demand
-    from .fold import fold_report, over_limit_notes
-    from .known import propagate_known
+    from .fold import fold_report, over_limit_notes, still_read
+    from .known import propagate_known, undecided_notes
     folded, dense = fold_report(p, constants=constants)
     before = p
     shapes = {t.name: t.shape for t in p.tensors}
     masks = mask_inputs(p) if masks is None else masks
     bools = frozenset(t.name for t in p.tensors if t.dtype == "bool") | frozenset(masks)
-    kernels = propagate_known(list(p.kernels), shapes, {}, folded, bools=bools)
-    notes = p.notes + tuple(
+    undecided: list = []
+    described: set = set()
+    kernels = propagate_known(list(p.kernels), shapes, {}, folded, bools=bools,
+                              undecided=undecided, described=described)
+    notes = p.notes + tuple(undecided_notes(undecided)) + tuple(
         f"assumption: integer input {t} is used only as a mask (combined with another mask "
         f"by minimum, maximum or product, then made a boolean): taken to hold 0 or 1, so "
         f"what the other mask masks stays masked (a negative value would keep it)"
         for t in masks)
     p = prune_dead(Program(p.tensors, tuple(kernels), notes))
     p = Program(p.tensors, p.kernels, p.notes + tuple(over_limit_notes(before, p, constants)))
+    dense = [t for t in still_read(dense, p) if t not in described]
     whole = list(p.kernels)
     kernels = restrict_to_demand(whole, {t.name for t in p.by_role("intermediate")})
     partial = {k.out for k, w in zip(kernels, whole) if k.guard != w.guard}

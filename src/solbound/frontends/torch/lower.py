@@ -32,8 +32,8 @@ from ...ir.demand import restrict_to_demand
 from ...ir.passes import (FlatIndirectError, contiguous_strides, flatten_bases, prune_dead,
                           runtime_mask_notes)
 from ..contract import LoweredProgram, Unsupported  # noqa: F401  (re-exported)
-from ...ir.fold import fold_report, over_limit_notes
-from ...ir.known import UNKNOWN, Cond, Known, propagate_known, seed_from_structure
+from ...ir.fold import dense_mask_notes, fold_report, over_limit_notes, still_read
+from ...ir.known import UNKNOWN, Cond, Known, propagate_known, seed_from_structure, undecided_notes
 from ...ir.text import RESERVED, fresh_name
 
 TORCH_DTYPES = {
@@ -565,16 +565,15 @@ class Lowering:
         seeds.update(self._constant_seeds(state, program, written))
         whole_program = Program(program.tensors, tuple(kernels), program.notes)
         folded, dense_masks = fold_report(whole_program)
-        for t in dense_masks:
-            w = next((k for k in kernels if k.out == t), None)
-            src = f" ({w.opname or w.op}, {w.src})" if w is not None and w.src else ""
-            self.notes.append(f"assumption: mask {t}{src} is known before the run but is not an "
-                              f"affine region: the work it masks is counted dense")
         shapes = {t.name: t.shape for t in program.tensors}
         bools = frozenset(t.name for t in program.tensors if t.dtype == "bool")
         counters, counter_notes = self._counter_seeds(state, program)
+        undecided: list = []
+        described: set = set()
         known = propagate_known(kernels, shapes, {**seeds, **counters}, folded,
-                                state=frozenset(counters), bools=bools)
+                                state=frozenset(counters), bools=bools, undecided=undecided,
+                                described=described)
+        self.notes.extend(undecided_notes(undecided))
         # the counters' values are stated only where they changed something (a mask)
         if counters:
             plain = propagate_known(kernels, shapes, seeds, folded, bools=bools)
@@ -584,6 +583,8 @@ class Lowering:
                 self.notes.extend(counter_notes)
         kernels = known
         program = prune_dead(Program(program.tensors, tuple(kernels), program.notes))
+        self.notes.extend(dense_mask_notes(whole_program, [
+            t for t in still_read(dense_masks, program) if t not in described]))
         self.notes.extend(over_limit_notes(whole_program, program))
         kernels = list(program.kernels)
         # the inputs that may mask work but whose values only the run knows
