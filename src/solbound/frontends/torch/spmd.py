@@ -11,7 +11,8 @@ rank), then all ranks run their models at once: the reference, with real all-red
 all-gathers. The IR runs the same way (``ir.execute.execute_spmd``: every rank's program in
 lockstep, each collective computed from every rank's operand), and every rank's outputs are
 compared with its reference. Rank 0's re-traced program must have the analyzed program's
-kernel structure, as for any validation.
+kernel structure; rank 0 then runs the analyzed IR itself, fed by name with the values its
+own trace bound (one program, one verdict), and the other ranks their own programs.
 """
 
 from __future__ import annotations
@@ -52,18 +53,27 @@ def validate_spmd(rep, problem, world: int, tp: int = 1, seed: int = 0, ep: int 
                 "reason": "rank 0's program re-traced with real tensors has a different kernel "
                           "structure than the analyzed one", "seconds": time.perf_counter() - t0}
     from ...ir.execute import ExecutionError, execute_spmd
-    p = low0.program
+    # rank 0 runs the analyzed IR itself (one program, one verdict), fed with the values its
+    # own trace bound by name; the other ranks run their own programs (a rank's program can
+    # differ from rank 0's)
+    lowered = [r["lowered"] for r in ranks]
+    from ...ir.model import EXTERNAL_ROLES
+
+    def external(p):
+        return {(t.name, t.shape, t.dtype) for t in p.tensors if t.role in EXTERNAL_ROLES}
+    if external(rep.program) == external(low0.program):
+        lowered[0] = rep.lowered
+    p = lowered[0].program
     src_dtype = tolerance_dtype(p)
     tol = tolerance(src_dtype, max_reduction(p), operator_calls(p) + len(rep.counts.collectives))
     try:
-        arrays = execute_spmd([r["lowered"].program for r in ranks],
+        arrays = execute_spmd([low.program for low in lowered],
                               [r["gold"]["feeds"] for r in ranks])
     except ExecutionError as e:
         return {"status": "failed", "reason": f"IR execution error: {e}", "tolerance": tol,
                 "seconds": time.perf_counter() - t0}
-    per_rank = [compare(r["lowered"], arr, r["gold"]["golden"], tol,
-                        _InputScale(r["lowered"].program, arr))
-                for r, arr in zip(ranks, arrays)]
+    per_rank = [compare(low, arr, r["gold"]["golden"], tol, _InputScale(low.program, arr))
+                for low, r, arr in zip(lowered, ranks, arrays)]
     return per_rank_result(per_rank, tol, f"the module's forward on {world} ranks at once "
                            f"(threaded process group: real collectives), each rank its own "
                            f"model and inputs", time.perf_counter() - t0,
