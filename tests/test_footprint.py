@@ -98,3 +98,16 @@ def test_values_count_agrees_with_enumeration_on_random_affine_forms():
                                               (ranges[v] for v, _ in terms)])}
         want = len({x for x in seen if lo <= x < hi})
         assert values_count(terms, const, ranges, lo, hi) == want, (terms, ranges, const, lo, hi)
+
+
+def test_a_guarded_domain_past_the_enumeration_block_is_counted_exactly(monkeypatch):
+    """Domain sizes enumerate all but one variable in blocks of ENUM_LIMIT points: past one
+    block the count is the same, exact (it used to stop with an internal OverflowError)."""
+    import solbound.analysis.footprint as fp
+    from solbound.ir.affine import Aff, Atom
+    g = (Atom(Aff.var("i") - Aff.var("j") + Aff.var("k"), 0, None),)
+    n = 300
+    want = sum(min(n, i + k + 1) for i in range(n) for k in range(3))
+    assert fp.domain_size({"i": n, "j": n, "k": 3}, g) == want
+    monkeypatch.setattr(fp, "ENUM_LIMIT", 7)
+    assert fp.domain_size({"i": n, "j": n, "k": 3}, g) == want

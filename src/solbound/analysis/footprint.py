@@ -26,6 +26,9 @@ from ..ir.affine import Aff, Atom, Guard
 from ..ir.model import Access
 
 ENUM_LIMIT = 20_000_000
+# the most points a guarded domain's count enumerates (in blocks of ENUM_LIMIT) before
+# it is an error that names the size: 2^32 takes minutes
+COUNT_LIMIT = 1 << 32
 BITMAP_LIMIT = 200_000_000
 
 
@@ -51,16 +54,27 @@ class _UF:
 
 
 def _count_component(vars_: list[str], extents: dict[str, int], atoms: list[Atom]) -> int:
+    """Points of one guard-connected component: every variable but the one of largest
+    extent enumerated (in blocks of ``ENUM_LIMIT`` points, so any size is exact, only
+    slower), the last counted in closed form per point."""
     last = max(vars_, key=lambda v: extents[v])
     others = [v for v in vars_ if v != last]
-    n_last = extents[last]
     total_other = math.prod(extents[v] for v in others)
-    if total_other > ENUM_LIMIT:
-        raise OverflowError("guarded domain too large to count exactly")
-    grids = np.meshgrid(*[np.arange(extents[v], dtype=np.int64) for v in others], indexing="ij") \
-        if others else []
-    env = {v: g.ravel() for v, g in zip(others, grids)}
-    size = total_other
+    if total_other > COUNT_LIMIT:
+        raise OverflowError(f"guarded domain too large to count exactly ({total_other:,} "
+                            f"points to enumerate, more than {COUNT_LIMIT:,})")
+    shape = [extents[v] for v in others]
+    count = 0
+    for start in range(0, max(total_other, 1), ENUM_LIMIT):
+        flat = np.arange(start, min(start + ENUM_LIMIT, total_other), dtype=np.int64) \
+            if others else np.zeros(1, dtype=np.int64)
+        idx = np.unravel_index(flat, shape) if others else ()
+        env = dict(zip(others, idx))
+        count += _count_block(env, len(flat), extents[last], last, atoms)
+    return count
+
+
+def _count_block(env: dict, size: int, n_last: int, last: str, atoms: list[Atom]) -> int:
     lo = np.zeros(size, dtype=np.int64)
     hi = np.full(size, n_last - 1, dtype=np.int64)
     ok = np.ones(size, dtype=bool)
