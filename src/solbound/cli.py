@@ -754,12 +754,13 @@ def main(argv: list[str] | None = None) -> int:
     from .hardware.catalog import SpecError
     from .bounds.comm import CommError
     from .frontends.torch.distributed import WorldError
+    from .analysis.counts import CountError
     try:
         return args.fn(args)
     except _Usage as e:
         return _err(str(e))
     except (FrontendError, UnknownArch, PolicyError, IRSyntaxError, CacheOptionError,
-            SpecError, CommError, WorldError) as e:
+            SpecError, CommError, WorldError, CountError) as e:
         return _err(str(e))
     except BrokenPipeError:
         return 0

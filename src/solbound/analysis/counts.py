@@ -51,6 +51,10 @@ class KernelCounts:
         return sum(self.flops.values())
 
 
+class CountError(ValueError):
+    """A count this module cannot make exactly (the message names the operator)."""
+
+
 # real FLOPs of one complex operation (a complex product is 4 multiplies and 2 adds; a
 # quotient, 6 multiplies, 3 adds and 2 divisions)
 COMPLEX_FLOPS = {"mul": 6, "add": 2, "sub": 2, "neg": 2, "div": 11}
@@ -202,7 +206,11 @@ def _sums_of_products(g: Graph, kcs: list[KernelCounts]) -> None:
 def count_kernel(n: Einsum, tensors, origin: dict[str, str] | None = None) -> KernelCounts:
     k = n.kernel
     ext = k.count_extents
-    points = domain_size(ext, k.guard)
+    try:
+        points = domain_size(ext, k.guard)
+    except OverflowError as e:
+        raise CountError(f"{k.opname or k.op or k.name}"
+                         f"{f' at {k.src}' if k.src else ''}: {e}") from None
     body, sfu = _body_ops(k, tensors[k.out].dtype in ("c64", "c128"))
     flops: dict[str, int] = {MATRIX: 0, VECTOR: 0, SPECIAL: 0}
     macs = 0
