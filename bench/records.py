@@ -197,8 +197,45 @@ def build(r: dict):
     if kind == "attention-backward" or "fwdbwd" in r["id"]:
         return _attention_backward(r, dt, both="fwdbwd" in r["id"])
     if kind == "mla-decode":
-        return "sparse top-k MLA over an fp8 cache with per-128 scales: not rebuilt here yet"
+        return _sparse_mla(r)
     return f"no program for kind {kind}"
+
+
+def _sparse_mla(r: dict):
+    """DeepSeek's token-level sparse MLA decode: each query reads its own ``topk`` rows of
+    an fp8 latent cache (512 values in e4m3 with a float32 scale per 128, then 64 rope
+    values in bf16: 656 B per token), dequantizes them to bf16 and attends over them (the
+    576-wide key, the first 512 as the value). The cache holds ``topk`` tokens per query
+    (every row a query selects is a distinct row: the footprint of a gather at positions
+    known only at run time is one row per lookup, capped by the table)."""
+    import torch
+    s = r["shape"]
+    b, sq, hq, k = s["batch"], s["seqlen_q"], s["heads_q"], s["topk"]
+    dqk, dv = s["head_dim_qk"], s["head_dim_v"]
+    rope, blk = dqk - dv, 128
+    n = b * sq * k
+
+    class SparseMLADecode(torch.nn.Module):
+        def forward(self, q, nope, scale, pe, idx):
+            rows = idx.reshape(-1)
+            kv = nope[rows].to(torch.bfloat16).reshape(n, dv // blk, blk) \
+                * scale[rows].to(torch.bfloat16)[..., None]
+            kv = torch.cat([kv.reshape(n, dv), pe[rows]], -1).reshape(b, sq, k, dqk)
+            scores = torch.einsum("bqhd,bqkd->bqhk", q, kv) * dqk ** -0.5
+            p = torch.softmax(scores.float(), -1).to(q.dtype)
+            return torch.einsum("bqhk,bqkd->bqhd", p, kv[..., :dv])
+    meta = dict(device="meta")
+    args = (torch.empty(b, sq, hq, dqk, dtype=torch.bfloat16, **meta),
+            torch.empty(n, dv, dtype=torch.float8_e4m3fn, **meta),
+            torch.empty(n, dv // blk, dtype=torch.float32, **meta),
+            torch.empty(n, rope, dtype=torch.bfloat16, **meta),
+            torch.empty(b, sq, k, dtype=torch.int32, **meta))
+    return SparseMLADecode(), args, {
+        "macs": b * sq * hq * k * (dqk + dv),
+        "bytes": (2 * b * sq * hq * dqk            # queries in (bf16)
+                  + n * (dv + 4 * dv // blk + 2 * rope)   # the rows read: 656 B each
+                  + 4 * n                         # the indices (int32)
+                  + 2 * b * sq * hq * dv)}        # outputs (bf16)
 
 
 def _attention_backward(r: dict, dt, both: bool):
