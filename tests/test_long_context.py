@@ -32,7 +32,7 @@ class Window(nn.Module):
 
 
 class Documents(nn.Module):
-    """Packed documents of 64 tokens: a block-diagonal mask (not an affine region)."""
+    """Packed documents of 64 tokens: a block-diagonal causal mask (``i // 64``)."""
 
     def forward(self, q, k, v):
         i = torch.arange(q.shape[2], device=q.device)
@@ -69,17 +69,34 @@ def test_sliding_window_at_128k_tokens_is_exact_and_as_fast_as_at_1k():
     assert times[131072] < 3 * times[1024] + 5
 
 
+def test_documents_and_chunks_are_each_their_own_triangle_at_any_length():
+    """Packed documents of 64 tokens (``arange // 64`` compared for equality, and causal):
+    the block index ``i//64`` is a guard variable (``affine.split_quotients`` counts it by
+    splitting ``i`` into its block and offset), so the work is each document's own triangle,
+    not the packed row's, at 256 tokens, past the fold limit and at 128k, with no note."""
+    for s in (256, 8192, 131072):
+        macs, assumptions, _ = _macs(Documents(), s)
+        assert macs == 2 * D * (s // 64) * (64 * 65 // 2), s
+        assert not [a for a in assumptions if "mask" in a], assumptions
+
+
+class Checkerboard(nn.Module):
+    """A mask no affine region nor block describes: (i + j) even."""
+
+    def forward(self, q, k, v):
+        i = torch.arange(q.shape[2], device=q.device)
+        mask = (i[:, None] + i[None, :]) % 2 == 0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def test_a_mask_past_the_fold_limit_is_named_in_the_assumptions():
-    """Block-diagonal documents are counted as their causal triangle (the document part is
-    not an affine region) at any length; past the fold limit (2^24 elements) the mask is
-    named as such among the assumptions, at 256 tokens as not affine."""
-    s = 8192
-    macs, assumptions, _ = _macs(Documents(), s)
-    assert macs == 2 * D * s * (s + 1) // 2
-    (note,) = [a for a in assumptions if "limit of folding masks" in a]
-    assert "bitwise_and" in note and "16,777,216" in note
-    macs, assumptions, _ = _macs(Documents(), 256)
-    assert macs == 2 * D * 256 * 257 // 2
+    """A mask the analysis cannot describe is counted dense and named: below the fold limit
+    (2^24 elements) as not an affine region, past it as past the limit."""
+    macs, assumptions, _ = _macs(Checkerboard(), 8192)
+    assert macs == 2 * D * 8192 * 8192
+    assert any("limit of folding masks" in a and "16,777,216" in a for a in assumptions)
+    macs, assumptions, _ = _macs(Checkerboard(), 256)
+    assert macs == 2 * D * 256 * 256
     assert any("not an affine region" in a for a in assumptions)
 
 
@@ -130,3 +147,52 @@ def test_a_prefix_lm_mask_is_named_never_silent():
     _, assumptions, _ = _macs(Prefix(p), 256)
     assert any("keeps a union of regions" in a and "test_long_context.py" in a
                for a in assumptions)
+
+
+class Chunked(nn.Module):
+    """Llama 4's chunked attention: causal within chunks of ``c`` tokens."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.c = c
+
+    def forward(self, q, k, v):
+        i = torch.arange(q.shape[2], device=q.device)
+        keep = (i[:, None] // self.c == i[None, :] // self.c) & (i[None, :] <= i[:, None])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+class Blocks(nn.Module):
+    """Block-diagonal, bidirectional within blocks of ``c`` (an encoder over packed
+    sequences)."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.c = c
+
+    def forward(self, q, k, v):
+        i = torch.arange(q.shape[2], device=q.device)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=i[:, None] // self.c == i[None, :] // self.c)
+
+
+def test_chunked_and_block_masks_at_128k_are_exact():
+    s, c = 131072, 8192
+    macs, assumptions, secs = _macs(Chunked(c), s)
+    assert macs == 2 * D * (s // c) * (c * (c + 1) // 2)
+    macs, assumptions2, _ = _macs(Blocks(c), s)
+    assert macs == 2 * D * (s // c) * c * c
+    assert not [a for a in assumptions + assumptions2 if "mask" in a]
+    # a chunk that does not divide the length: the last chunk is partial
+    s = 1000
+    macs, _, _ = _macs(Chunked(96), s)
+    sizes = [96] * (s // 96) + [s % 96]
+    assert macs == 2 * D * sum(n * (n + 1) // 2 for n in sizes)
+
+
+def test_a_document_mask_validates():
+    """The IR with block-index guards runs and matches PyTorch (it was inconclusive)."""
+    x = [torch.randn(1, 2, 256, 16) for _ in range(3)]
+    rep = solbound.analyze(Documents(), tuple(x), arch="h100-sxm", validate=True)
+    assert rep.validation["status"] == "passed", rep.validation
+    assert rep.totals["macs"] == 2 * 2 * 16 * 4 * (64 * 65 // 2)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir.affine import Aff, Atom, Guard
+from ..ir.affine import Aff, Atom, Guard, split_quotients
 from ..ir.model import Access
 
 ENUM_LIMIT = 20_000_000
@@ -105,7 +105,10 @@ def _count_block(env: dict, size: int, n_last: int, last: str, atoms: list[Atom]
 
 
 def domain_size(extents: dict[str, int], guard: Guard) -> int:
-    """Number of points of the box ``0 <= v < extent`` that satisfy every atom."""
+    """Number of points of the box ``0 <= v < extent`` that satisfy every atom (a block
+    index ``v//c`` in an atom: ``v`` split into its block and its offset, exactly)."""
+    if any(a.expr.has_quot for a in guard):
+        extents, guard, _, _ = split_quotients(extents, guard)
     uf = _UF()
     for v in extents:
         uf.find(v)
@@ -350,6 +353,9 @@ def access_footprint(acc: Access, shape: tuple[int, ...], extents: dict[str, int
         lookups = math.prod(extents[v] for v in vars_)
         return Footprint(min(numel, lookups), True,
                          "indirect: each lookup assumed to touch a distinct row, capped by the table size")
+    if any(a.expr.has_quot for a in guard):
+        extents, guard, index, _ = split_quotients(extents, guard, acc.index)
+        acc = Access(acc.tensor, index)
     exprs = [i for i in acc.index]
     uf = _UF()
     for e in exprs:

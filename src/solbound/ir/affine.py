@@ -21,6 +21,28 @@ from typing import Mapping
 import numpy as np
 
 
+QUOT = "//"
+
+
+def quot(var: str, c: int) -> str:
+    """The name of the quotient variable ``var // c`` (a block index: ``i // 64``).
+
+    >>> quot("d1", 64), split_quot("d1//64"), split_quot("d1")
+    ('d1//64', ('d1', 64), None)
+    """
+    return f"{var}{QUOT}{int(c)}"
+
+
+def split_quot(name: str) -> tuple[str, int] | None:
+    base, sep, c = name.partition(QUOT)
+    return (base, int(c)) if sep else None
+
+
+class QuotientError(ValueError):
+    """A quotient variable ``v // c`` whose ``v`` is substituted by an expression whose
+    quotient is not a variable."""
+
+
 @dataclass(frozen=True)
 class Aff:
     """``sum(c * v for v, c in terms) + const``; terms sorted by first use, no zero coefficients."""
@@ -99,7 +121,21 @@ class Aff:
     def subst(self, mapping: Mapping[str, "Aff"]) -> "Aff":
         out = Aff.lit(self.const)
         for v, c in self.terms:
-            out = out + (mapping[v] * c if v in mapping else Aff(((v, c),), 0))
+            if v in mapping:
+                out = out + mapping[v] * c
+                continue
+            q = split_quot(v)
+            if q is not None and q[0] in mapping:
+                # (w) // k -> w//k for a variable; (k*a + r) // k with a block variable a
+                # is a (the split a strip-mined loop makes) when r's name says it is the
+                # remainder; else the quotient is not affine
+                m = mapping[q[0]]
+                w = m.single_var()
+                if w is not None:
+                    out = out + Aff.var(quot(w, q[1])) * c
+                    continue
+                raise QuotientError(f"{v} with {q[0]} = {m}: not an affine quotient")
+            out = out + Aff(((v, c),), 0)
         return out
 
     def rename(self, mapping: Mapping[str, str]) -> "Aff":
@@ -109,17 +145,28 @@ class Aff:
         """Inclusive [min, max] of the expression over the box ``0 <= v < extent``."""
         lo = hi = self.const
         for v, c in self.terms:
-            span = c * (extents[v] - 1)
+            span = c * (quot_extent(v, extents) - 1)
             lo += min(0, span)
             hi += max(0, span)
         return lo, hi
 
     def evaluate(self, env: Mapping[str, "int | np.ndarray"]):
-        """Value for integer or numpy-array loop variables (broadcasting)."""
+        """Value for integer or numpy-array loop variables (broadcasting); a quotient
+        variable ``v//c`` is ``env[v] // c``."""
         out = self.const
         for v, c in self.terms:
-            out = out + c * env[v]
+            if v in env:
+                out = out + c * env[v]
+            else:
+                q = split_quot(v)
+                if q is None:
+                    raise KeyError(v)
+                out = out + c * (env[q[0]] // q[1])
         return out
+
+    @property
+    def has_quot(self) -> bool:
+        return any(QUOT in v for v, _ in self.terms)
 
     def __str__(self) -> str:
         parts: list[str] = []
@@ -172,6 +219,59 @@ class Atom:
 
 
 Guard = tuple[Atom, ...]
+
+
+def quot_extent(v: str, extents: Mapping[str, int]) -> int:
+    """The extent of a variable, or of a quotient variable ``w//c`` (``ceil(ext(w) / c)``)."""
+    if v in extents:
+        return extents[v]
+    q = split_quot(v)
+    if q is None:
+        raise KeyError(v)
+    return -(-extents[q[0]] // q[1])
+
+
+def split_quotients(extents: Mapping[str, int], guard: Guard, exprs=()):
+    """Strip-mine every variable a quotient of the guard divides: ``w = c*(w//c) + w%c``,
+    so that the guard is affine in plain variables (``w//c`` and ``w%c`` each a variable of
+    its own, ``c*q + r < ext(w)`` added where ``c`` does not divide the extent). Returns
+    ``(extents, guard, exprs, fused)``: ``exprs`` (affine expressions over the old
+    variables) rewritten, ``fused`` the ``(block, offset, added atom or None)`` of each
+    split, by old variable (the added atom bounds the split's points to the old extent).
+
+    >>> g = (Atom(Aff.var("i//4") - Aff.var("j//4"), 0, 1),)
+    >>> ext, g2, _, _ = split_quotients({"i": 8, "j": 8}, g)
+    >>> sorted(ext.items()), [str(a) for a in g2]
+    ([('i%4', 4), ('i//4', 2), ('j%4', 4), ('j//4', 2)], ['0 <= i//4 - j//4 < 1'])
+    """
+    divs: dict[str, int] = {}
+    for a in guard:
+        for v, _ in a.expr.terms:
+            q = split_quot(v)
+            if q is not None and v not in extents:      # not split already
+                if divs.setdefault(q[0], q[1]) != q[1]:
+                    raise QuotientError(f"{q[0]} divided by {divs[q[0]]} and by {q[1]}")
+    if not divs:
+        return dict(extents), tuple(guard), tuple(exprs), {}
+    ext = {v: n for v, n in extents.items() if v not in divs}
+    sub: dict[str, Aff] = {}
+    extra = []
+    fused = {}
+    for w, c in divs.items():
+        qn, rn = quot(w, c), f"{w}%{c}"
+        ext[qn], ext[rn] = -(-extents[w] // c), min(c, extents[w])
+        sub[w] = Aff.var(qn) * c + Aff.var(rn)
+        bound = Atom(Aff.var(qn) * c + Aff.var(rn), None, extents[w]) if extents[w] % c else None
+        fused[w] = (qn, rn, bound)
+        if bound is not None:
+            extra.append(bound)
+    def rw(e: Aff) -> Aff:
+        out = Aff.lit(e.const)
+        for v, k in e.terms:
+            out = out + (sub[v] * k if v in sub else Aff(((v, k),), 0))
+        return out
+    new_guard = tuple(Atom(rw(a.expr), a.lo, a.hi) for a in guard) + tuple(extra)
+    return ext, new_guard, tuple(rw(e) for e in exprs), fused
 
 
 def guard_holds(guard: Guard, env: Mapping[str, "int | np.ndarray"]):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .affine import Aff
+from .affine import Aff, split_quot
 from .model import EXTERNAL_ROLES, Access, Idx, Program, walk
 
 
@@ -21,7 +21,8 @@ def check_program(p: Program) -> None:
 
         def check_aff(a: Aff, ctx: str) -> None:
             for v in a.vars:
-                if v not in dims:
+                q = split_quot(v) if ctx == "the guard" else None
+                if (q[0] if q else v) not in dims:
                     raise IRError(f"{where}: {ctx} uses {v!r}, not a loop dimension")
 
         target = Access(k.out, k.out_index)

@@ -30,7 +30,13 @@ sequential loop; atoms its own extents already imply are dropped.
 
 from __future__ import annotations
 
-from .affine import Aff, Atom
+from .affine import Aff, Atom, QuotientError, split_quot
+
+
+def _base(v: str) -> str:
+    """The loop variable of a variable or of its block index (``i//64`` -> ``i``)."""
+    q = split_quot(v)
+    return q[0] if q else v
 from .model import Access, Kernel, kernel_reads, subst_expr
 
 _X = "x{}"      # tensor-coordinate variables of a region
@@ -42,7 +48,7 @@ def _var_ranges(k: Kernel) -> dict[str, tuple[int, int]]:
     region's operands, so demand propagates through chains of producers)."""
     rng = {v: (0, n - 1) for v, n in k.count_extents.items()}
     for a in k.guard:
-        if len(a.expr.terms) != 1:
+        if len(a.expr.terms) != 1 or split_quot(a.expr.terms[0][0]):
             continue
         v, c = a.expr.terms[0]
         lo, hi = rng[v]
@@ -131,8 +137,11 @@ def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None]
                          if alone(v)})
     atoms = set()
     for a in k.guard:
-        if a.expr.vars and all(v in tvar for v in a.expr.vars):
-            e = a.expr.subst(tvar)
+        if a.expr.vars and all(_base(v) in tvar for v in a.expr.vars):
+            try:
+                e = a.expr.subst(tvar)
+            except QuotientError:       # a block index of a shifted coordinate
+                continue
             atoms.add(Atom(Aff(tuple(sorted(e.terms)), e.const), a.lo, a.hi))
     return box, atoms, digits
 
@@ -239,8 +248,14 @@ def _translate(atoms: set[Atom], sub: dict[str, Aff]) -> list[Atom]:
     """The readers' shared atoms whose every variable (a tensor coordinate, or a digit the
     producer writes with the same coefficient and radix: the same value for every element)
     is one of the producer's loop variables, over those variables."""
-    return [Atom(a.expr.subst(sub), a.lo, a.hi) for a in sorted(atoms, key=str)
-            if set(a.expr.vars) <= set(sub)]
+    out = []
+    for a in sorted(atoms, key=str):
+        if {_base(v) for v in a.expr.vars} <= set(sub):
+            try:
+                out.append(Atom(a.expr.subst(sub), a.lo, a.hi))
+            except QuotientError:
+                pass
+    return out
 
 
 def _add_atoms(p: Kernel, atoms: list[Atom]) -> Kernel:

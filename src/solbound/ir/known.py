@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .affine import Aff, Atom
+from .affine import QUOT, Aff, Atom, quot, split_quot, split_quotients
 from .model import Access, Call, Const, Idx, Kernel, accesses, walk
 
 
@@ -239,10 +239,23 @@ def _concrete(op: str, vals: list):
     return None
 
 
+@dataclass(frozen=True)
+class Ratio:
+    """``v / c``, a loop variable over a constant (real division): its ``floor`` is the
+    block index ``v//c`` (``floor(arange(n) / 64)``, PyTorch's ``//`` on a tensor)."""
+
+    var: str
+    c: int
+
+
 def _apply(op: str, args: list):
     """The abstract value of ``op(args)`` (no Cond among ``args``)."""
     if op == "select" and isinstance(args[0], Known):
         return args[1] if args[0].value else args[2]
+    if any(isinstance(a, Ratio) for a in args):
+        if op == "floor" and isinstance(args[0], Ratio):
+            return Lin(Aff.var(quot(args[0].var, args[0].c)))
+        return UNKNOWN
     if any(a is NONFINITE for a in args):
         return NONFINITE
     if any(isinstance(a, MaskNeg) for a in args):
@@ -331,6 +344,14 @@ def _apply_lin(op: str, args: list):
         return _cond((Atom(ls[0] - ls[1], 0, 1),), Known(False), Known(True))
     if op in ("to_i64", "to_i32", "to_f32", "to_f64"):
         return args[0]      # exact for index values (narrower types may round or wrap)
+    if op == "div" and ls[1].is_const and ls[1].const > 1 and ls[0].single_var() \
+            and QUOT not in ls[0].single_var():
+        return Ratio(ls[0].single_var(), ls[1].const)
+    if op == "floordiv" and ls[1].is_const and ls[1].const > 1 and ls[0].single_var() \
+            and QUOT not in ls[0].single_var():
+        # a block index (``arange(n) // 64``, a document or a chunk): the quotient
+        # variable, exact in guards (``affine.split_quotients``)
+        return Lin(Aff.var(quot(ls[0].single_var(), ls[1].const)))
     return UNKNOWN
 
 
@@ -392,19 +413,24 @@ def _to_coords(atoms, names: list[str | None]) -> tuple[Atom, ...] | None:
     sub = {v: Aff.var(_X.format(d)) for d, v in enumerate(names) if v is not None}
     out = []
     for a in atoms:
-        if not set(a.expr.vars) <= set(sub):
+        if not {(split_quot(v) or (v,))[0] for v in a.expr.vars} <= set(sub):
             return None
         out.append(a.subst(sub))
     return tuple(out)
 
 
 def _fact_at(fact, index: tuple):
-    """A tensor fact seen through an access index (affine in the kernel's variables)."""
+    """A tensor fact seen through an access index (affine in the kernel's variables); a
+    block index of a coordinate read at an expression that is no variable is not known."""
+    from .affine import QuotientError
     sub = {_X.format(d): e for d, e in enumerate(index)}
-    if isinstance(fact, Lin):
-        return Lin(fact.expr.subst(sub))
-    if isinstance(fact, Cond):
-        return _cond(tuple(a.subst(sub) for a in fact.atoms), fact.t, fact.f)
+    try:
+        if isinstance(fact, Lin):
+            return Lin(fact.expr.subst(sub))
+        if isinstance(fact, Cond):
+            return _cond(tuple(a.subst(sub) for a in fact.atoms), fact.t, fact.f)
+    except QuotientError:
+        return UNKNOWN
     return fact
 
 
@@ -560,10 +586,17 @@ def _rows_nonempty(k: Kernel, atoms) -> bool | None:
     import numpy as np
     guard = tuple(k.guard) + tuple(atoms)
     ext = k.extents
-    names = sorted({v for a in guard for v in a.expr.vars})
+    red = set(k.reduce_vars)
+    domain: list[Atom] = []       # atoms that only bound a split row to the real rows
+    if any(a.expr.has_quot for a in guard):
+        # block indices: each divided variable split into its block and its offset
+        ext, guard, _, fused = split_quotients(ext, guard)
+        red |= {x for w, (q, r, _) in fused.items() if w in red for x in (q, r)}
+        domain = [b for w, (_, _, b) in fused.items() if w not in red and b is not None]
+        guard = tuple(a for a in guard if a not in domain)
+    names = sorted({v for a in guard + tuple(domain) for v in a.expr.vars})
     if not names:
         return True
-    red = set(k.reduce_vars)
     inner = [v for v in names if v in red]
     if not inner:
         # no reduced variable in the atoms: a row keeps all or nothing
@@ -575,6 +608,8 @@ def _rows_nonempty(k: Kernel, atoms) -> bool | None:
         ok = np.ones([ext[v] for v in rows], dtype=bool)
         for a in guard:
             ok &= np.broadcast_to(a.holds(env), ok.shape)
+        for a in domain:                 # a split's points past the old extent: no row
+            ok |= ~np.broadcast_to(a.holds(env), ok.shape)
         return bool(ok.all())
     j = max(inner, key=lambda v: (ext[v], v))
     rows = [v for v in names if v != j]
@@ -609,7 +644,11 @@ def _rows_nonempty(k: Kernel, atoms) -> bool | None:
     kept = ok & (lo <= hi)
     # the other reduced variables: a row is kept if any of their values keeps a point
     axes = tuple(i for i, v in enumerate(rows) if v in red)
-    return bool(kept.any(axis=axes).all()) if axes else bool(kept.all())
+    kept = kept.any(axis=axes, keepdims=True) if axes else kept
+    for a in domain:                     # a split's points past the old extent: no row
+        kept = kept | ~np.broadcast_to(a.holds(env), shape).any(axis=axes, keepdims=True) \
+            if axes else kept | ~np.broadcast_to(a.holds(env), shape)
+    return bool(kept.all())
 
 
 def undecided_notes(undecided: list[tuple[Kernel, str]]) -> list[str]:

@@ -38,7 +38,7 @@ import ast
 import math
 import re
 
-from .affine import Aff, Atom, Guard
+from .affine import Aff, Atom, Guard, quot
 from .model import (DTYPE_BYTES, INFIX, PREFIX, REDUCE_OPS, ROLES, SCALAR_OPS, SCAN_OPS,
                     Access, Call, Const, Expr, Idx, Kernel, Program, TensorDecl, index_vars,
                     loop_segments)
@@ -234,21 +234,30 @@ class _KernelParser:
         self.dims = dims
 
     # affine ------------------------------------------------------------------
-    def aff(self, node: ast.AST) -> Aff:
+    def aff(self, node: ast.AST, quotients: bool = False) -> Aff:
+        """An affine index; ``quotients`` (in a guard): a loop variable's block index
+        ``d0//64`` is a term too."""
         if isinstance(node, ast.Constant) and type(node.value) is int:
             return Aff.lit(node.value)
+        if quotients and isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
+            if not (isinstance(node.left, ast.Name) and node.left.id in self.dims
+                    and isinstance(node.right, ast.Constant) and type(node.right.value) is int
+                    and node.right.value > 1):
+                raise _err(node, "a guard divides a loop variable by an integer above 1 "
+                                 "only (d0//64: its block index)")
+            return Aff.var(quot(node.left.id, node.right.value))
         if isinstance(node, ast.Name):
             if node.id not in self.dims:
                 raise _err(node, f"{node.id!r} is not a loop dimension of this kernel "
                                  f"(declared: {', '.join(self.dims) or 'none'})")
             return Aff.var(node.id)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -self.aff(node.operand)
+            return -self.aff(node.operand, quotients)
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
-            a, b = self.aff(node.left), self.aff(node.right)
+            a, b = self.aff(node.left, quotients), self.aff(node.right, quotients)
             return a + b if isinstance(node.op, ast.Add) else a - b
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-            a, b = self.aff(node.left), self.aff(node.right)
+            a, b = self.aff(node.left, quotients), self.aff(node.right, quotients)
             if a.is_const:
                 return b * a.const
             if b.is_const:
@@ -269,7 +278,7 @@ class _KernelParser:
             return self.guard(node.left) + self.guard(node.right)
         if not isinstance(node, ast.Compare):
             raise _err(node, "a guard is a '&' of affine comparisons, e.g. (0 <= h - 1 < 8)")
-        terms = [self.aff(x) for x in [node.left, *node.comparators]]
+        terms = [self.aff(x, quotients=True) for x in [node.left, *node.comparators]]
         ops = node.ops
         if (len(ops) == 2 and all(isinstance(o, (ast.Lt, ast.LtE)) for o in ops)
                 and terms[0].is_const and terms[2].is_const):
