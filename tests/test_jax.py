@@ -707,3 +707,25 @@ def test_fixed_width_integers_wrap_and_shift_as_jax_does():
     rep = solbound.analyze(lambda y: jax.lax.shift_right_logical(y, jnp.int32(3)),
                            (S((8,), jnp.int32),))
     assert [u.operator for u in rep.lowered.unsupported] == ["jax.shift_right_logical"]
+
+
+def test_packed_documents_in_jax_count_each_documents_triangle_and_validate():
+    """jnp's integer ``//`` (a truncating division plus a sign correction, which a loop
+    variable never needs) and ``%`` of an ``arange`` are its block index and offset: four
+    documents of 64 tokens packed in 256, causal within each, count four triangles."""
+    import numpy as np
+
+    def attn(q, k, v):
+        i = jnp.arange(q.shape[0])
+        doc = i // 64
+        keep = (doc[:, None] == doc[None, :]) & (i[None, :] <= i[:, None])
+        return jax.nn.softmax(jnp.where(keep, q @ k.T, -jnp.inf), -1) @ v
+
+    n, d = 256, 16
+    rng = np.random.default_rng(0)
+    xs = tuple(rng.standard_normal((n, d)).astype(np.float32) for _ in range(3))
+    from solbound.frontends.jax.frontend import analyze_function
+    rep = analyze_function(attn, xs, arch="h100-sxm", validate=True)
+    assert rep.counts.macs == 2 * d * (n // 64) * (64 * 65 // 2)
+    assert not [a for a in rep.to_dict()["assumptions"] if "mask" in a]
+    assert rep.validation["status"] == "passed", rep.validation

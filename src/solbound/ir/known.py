@@ -253,7 +253,8 @@ def _apply(op: str, args: list):
     if op == "select" and isinstance(args[0], Known):
         return args[1] if args[0].value else args[2]
     if any(isinstance(a, Ratio) for a in args):
-        if op == "floor" and isinstance(args[0], Ratio):
+        if op in ("floor", "trunc", "to_i64", "to_i32") and isinstance(args[0], Ratio):
+            # a loop variable is never negative: truncation is the floor
             return Lin(Aff.var(quot(args[0].var, args[0].c)))
         return UNKNOWN
     if any(a is NONFINITE for a in args):
@@ -347,6 +348,11 @@ def _apply_lin(op: str, args: list):
     if op == "div" and ls[1].is_const and ls[1].const > 1 and ls[0].single_var() \
             and QUOT not in ls[0].single_var():
         return Ratio(ls[0].single_var(), ls[1].const)
+    if op == "mod" and ls[1].is_const and ls[1].const > 1 and ls[0].single_var() \
+            and QUOT not in ls[0].single_var():
+        # a loop variable's offset in its block: v - c*(v//c)
+        v, c = ls[0].single_var(), ls[1].const
+        return Lin(Aff.var(v) - Aff.var(quot(v, c)) * c)
     if op == "floordiv" and ls[1].is_const and ls[1].const > 1 and ls[0].single_var() \
             and QUOT not in ls[0].single_var():
         # a block index (``arange(n) // 64``, a document or a chunk): the quotient
@@ -496,7 +502,8 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
                     state: frozenset[str] = frozenset(),
                     bools: frozenset[str] = frozenset(),
                     undecided: list | None = None,
-                    described: set | None = None) -> list[Kernel]:
+                    described: set | None = None,
+                    integers: frozenset[str] = frozenset()) -> list[Kernel]:
     """The kernels with known-constant regions turned into guards (see the module doc).
     ``undecided``: ``(kernel, why)`` of reductions whose mask is left dense: telling
     whether a row keeps a point took more than ``ROWS_LIMIT`` points (``limit``), or the
@@ -512,7 +519,9 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
     the kernels write are derived here. Seeds named in ``state`` are values of run-time
     state taken at analysis (a counter): they may turn masks into guards, but a kernel
     computed from them keeps its body (the run reads and computes it). Tensors named in
-    ``bools`` hold booleans: their unknown values are 0 or 1 (``BIT``).
+    ``bools`` hold booleans: their unknown values are 0 or 1 (``BIT``). Tensors named in
+    ``integers`` hold integers: a loop variable divided by a constant there is truncated,
+    which for a variable (never negative) is its block index.
     """
     writers: dict[str, int] = {}
     for k in kernels:
@@ -536,6 +545,8 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
             out.append(k)
             continue
         val = _eval(k.body, facts, bools)
+        if isinstance(val, Ratio) and k.out in integers:
+            val = Lin(Aff.var(quot(val.var, val.c)))
         reads = {a.tensor for a in accesses(k.body)}
         if reads & tainted:
             tainted.update(k.outputs)

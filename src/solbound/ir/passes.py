@@ -285,8 +285,9 @@ def refine(p: Program, constants: dict | None = None,
     bools = frozenset(t.name for t in p.tensors if t.dtype == "bool") | frozenset(masks)
     undecided: list = []
     described: set = set()
+    integers = frozenset(t.name for t in p.tensors if t.dtype[:1] in ("i", "u"))
     kernels = propagate_known(list(p.kernels), shapes, {}, folded, bools=bools,
-                              undecided=undecided, described=described)
+                              undecided=undecided, described=described, integers=integers)
     notes = p.notes + tuple(undecided_notes(undecided)) + tuple(
         f"assumption: integer input {t} is used only as a mask (combined with another mask "
         f"by minimum, maximum or product, then made a boolean): taken to hold 0 or 1, so "

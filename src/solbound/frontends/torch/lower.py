@@ -572,7 +572,9 @@ class Lowering:
         described: set = set()
         known = propagate_known(kernels, shapes, {**seeds, **counters}, folded,
                                 state=frozenset(counters), bools=bools, undecided=undecided,
-                                described=described)
+                                described=described,
+                                integers=frozenset(t.name for t in program.tensors
+                                                   if t.dtype[:1] in ("i", "u")))
         self.notes.extend(undecided_notes(undecided))
         # the counters' values are stated only where they changed something (a mask)
         if counters:
