@@ -126,13 +126,15 @@ class Aff:
                 continue
             q = split_quot(v)
             if q is not None and q[0] in mapping:
-                # (w) // k -> w//k for a variable; (k*a + r) // k with a block variable a
-                # is a (the split a strip-mined loop makes) when r's name says it is the
-                # remainder; else the quotient is not affine
+                # v//k with v renamed to a variable w is w//k; v replaced by any other
+                # expression has no quotient variable (the caller keeps the mask as data)
                 m = mapping[q[0]]
                 w = m.single_var()
                 if w is not None:
                     out = out + Aff.var(quot(w, q[1])) * c
+                    continue
+                if m.is_const:                   # a sequential loop's bound iteration
+                    out = out + (m.const // q[1]) * c
                     continue
                 raise QuotientError(f"{v} with {q[0]} = {m}: not an affine quotient")
             out = out + Aff(((v, c),), 0)

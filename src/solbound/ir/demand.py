@@ -30,7 +30,7 @@ sequential loop; atoms its own extents already imply are dropped.
 
 from __future__ import annotations
 
-from .affine import Aff, Atom, QuotientError, split_quot
+from .affine import QUOT, Aff, Atom, QuotientError, split_quot
 
 
 def _base(v: str) -> str:
@@ -298,6 +298,8 @@ def _split_by_digits(p: Kernel, v: str, digits: list) -> Kernel:
     read: ``v = v_1*N + v_0`` with ``v_0 < 1``)."""
     if not digits or any(dg is None for dg in digits) or len({dg[0] for dg in digits}) != 1:
         return p
+    if any(QUOT in w and w.startswith(v + QUOT) for a in p.guard for w in a.expr.vars):
+        return p            # its block index would not survive the split: left whole
     coefs = digits[0][0]
     n = p.extents[v]
     if n % coefs[-1]:
