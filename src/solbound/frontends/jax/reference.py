@@ -404,15 +404,18 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
     by_ir = input_domains(lowered.program)
     domains = {i: by_ir[spec["ir"]] for i, spec in enumerate(lowered.inputs)
                if spec.get("ir") in by_ir}
-    # a draw whose reference is not finite says nothing: draw again (and say so)
+    # a draw whose reference is not finite, or constant, says little: draw again (and say so)
+    from ...validate.compare import _is_constant
     redraws: list[str] = []
     for attempt in range(DRAWS):
         values = real_args(args, seed + attempt, ones, domains)
         golden = [_golden(o) for o in jax.tree_util.tree_leaves(fn(*values))]
         bad = _not_finite(golden)
-        if not bad:
+        const = [i for i, g in enumerate(golden) if np.size(g) > 1 and _is_constant(g)]
+        if not bad and not const:
             break
-        redraws.append(f"draw {attempt + 1}: output {bad[0]} not finite")
+        redraws.append(f"draw {attempt + 1}: output {(bad or const)[0]} "
+                       + ("not finite" if bad else "constant"))
     feeds = ir_feeds(lowered, values)
     draws = recorded_draws(lowered, fn, values) if lowered.random_draws else {}
 
@@ -478,17 +481,16 @@ def validate(lowered, fn, args, seed: int = 0) -> dict:
            "reference": reference,
            "summary": f"worst relative error {worst:.3g} (tolerance {tol:.3g}){summary}",
            "seconds": time.perf_counter() - t0}
-    from ...validate.compare import _is_constant
     if redraws:
         res["redraws"] = redraws
-        res["summary"] += f"; inputs drawn {len(redraws) + (not bad)} times ({redraws[0]})"
-    const = [i for i, g in enumerate(golden) if np.size(g) > 1 and _is_constant(g)]
+        res["summary"] += (f"; inputs drawn {len(redraws) + (not bad and not const)} times "
+                           f"({redraws[0]})")
     if ok and (bad or const):
         res["status"] = "inconclusive"
         res["reason"] = (f"output {(bad or const)[0]} is "
-                         + (f"not finite in the reference run for each of {DRAWS} draws of "
-                            f"the inputs" if bad else
-                            "constant in the reference run (a constant result)")
+                         + ("not finite" if bad else "constant")
+                         + f" in the reference run for each of {DRAWS} draws of the inputs"
+                         + ("" if bad else " (a constant result)")
                          + ": agreeing with it proves little; pass real values to check")
     return res
 
