@@ -292,6 +292,11 @@ def _opaque_run(a, p):
 ROUTINES["opaque"] = Routine(_opaque_run, lambda shapes, p: {})
 
 
+# the first operand unchanged: a kernel that reads what the computation it stands for reads
+# besides (FlexAttention's block-mask tables) and does no arithmetic of its own
+ROUTINES["passthrough"] = Routine(lambda a, p: a[0], lambda shapes, p: {})
+
+
 def routine_cost(name: str, shapes: list[tuple[int, ...]], params: dict) -> dict[str, int]:
     """FLOPs per unit of one call (zero when another output's kernel carries them)."""
     if not params.get("cost", True):

@@ -498,7 +498,7 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
             # torch prints the partial graph of a failed trace to stderr: the user gets
             # one line from us instead
             with warnings.catch_warnings(), _fast_recurrent_shapes(), _quiet_torch_logs(), \
-                    contextlib.redirect_stderr(io.StringIO()), \
+                    _flex_on_meta(), contextlib.redirect_stderr(io.StringIO()), \
                     (torch.device(home) if home is not None else contextlib.nullcontext()), \
                     _traceable_experts(model, not keep_experts) as experts, \
                     (mode if mode is not None else contextlib.nullcontext()), \
@@ -873,6 +873,36 @@ def _override_only_what_changes() -> None:
     filtered._solbound_filtered = True
     filtered._solbound_original = orig
     ep_mod._override_composite_implicit_decomp = filtered
+
+
+@contextlib.contextmanager
+def _flex_on_meta():
+    """While tracing, let FlexAttention take meta tensors: ``flex_attention`` checks its
+    inputs' device in Python ("only supported on CUDA, CPU, HPU, or MPS devices") before
+    it dispatches; its operator traces on meta tensors as on fake ones. Restored on exit."""
+    try:
+        import torch.nn.attention.flex_attention as fa
+    except ImportError:
+        yield
+        return
+    orig = getattr(fa, "_validate_device", None)
+    if orig is None:
+        yield
+        return
+
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def validate(query, key, value):
+        # traced (fake or meta): nothing runs here, and a CPU model's parameters that
+        # require gradients must not stop the forward's capture ("does not support backward
+        # on CPU": the analysis of a training step traces the backward itself)
+        if query.device.type != "meta" and not isinstance(query, FakeTensor):
+            orig(query, key, value)
+    fa._validate_device = validate
+    try:
+        yield
+    finally:
+        fa._validate_device = orig
 
 
 class _fast_recurrent_shapes:

@@ -1,3 +1,3 @@
 """Lowering rules, one small function per ATen operator (registered on import)."""
 
-from . import views, elementwise, reduce, linalg, int4pack, norm, pool, misc, recurrent, scatter, library, backward, collectives, control  # noqa: F401,E501
+from . import views, elementwise, reduce, linalg, int4pack, norm, pool, misc, recurrent, scatter, library, backward, collectives, control, flex  # noqa: F401,E501
