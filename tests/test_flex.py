@@ -156,12 +156,14 @@ def test_causal_flex_attention_at_128k_tokens_is_exact():
     assert any("limit of folding masks" in a for a in rep.to_dict()["assumptions"])
 
 
-def test_a_prefix_lm_mask_mod_is_named():
-    """Causal or in the prefix: what it keeps is a union of regions (see
-    test_long_context.py): counted dense and named, never silent."""
+def test_a_prefix_lm_mask_mod_is_exact():
+    """Causal or in the prefix (a union of regions, the complement of one): the masked
+    pairs are skipped (``Kernel.skip``), so the work is P keys for each of the first P rows
+    and i + 1 keys for row i after them; validated."""
     rep = _analyze(Flex(prefix), 256, validate=True)
     assert rep.validation["status"] == "passed"
-    assert any("keeps a union of regions" in a for a in rep.to_dict()["assumptions"])
+    assert rep.totals["macs"] == 2 * D * H * (P * P + 256 * 257 // 2 - P * (P + 1) // 2)
+    assert not [a for a in rep.to_dict()["assumptions"] if "mask" in a]
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])

@@ -140,3 +140,30 @@ def k_sort():
     assert c.macs == 0
     # x read once (copy and sort share it), src and the ids, both outputs written
     assert c.fused.bytes == (24 + 30 + 24 + 24) * B4 + 5 * 8
+
+
+def test_skipped_points_are_not_work_and_change_no_value():
+    """``@skip(...)``: a prefix-LM's masked keys (j > i and j >= 2 of 5 rows and keys) add
+    the identity of the sum, so they are not work: per row max(i + 1, 2) keys, 2 + 2 + 3 +
+    4 + 5 = 16 of 25. Running the IR ignores the skip (the values are the same), and the
+    text form prints and parses it back."""
+    from solbound.ir.text import print_program
+    text = '''# solbound IR v1
+p = input(f32[5, 5])
+v = input(f32[5, 3])
+o = output(f32[5, 3])
+
+@kernel(i=5, d=3, j=5)
+@origin(op="pv", unit="attention")
+@skip((j - i >= 1) & (j >= 2))
+def k_pv():
+    o[i, d] = sum(p[i, j] * v[j, d])
+'''
+    prog, c = counts(text)
+    assert c.macs == 16 * 3
+    assert print_program(parse_program(print_program(prog))) == print_program(prog)
+    rng = np.random.default_rng(0)
+    pv = rng.standard_normal((5, 5)).astype(np.float32)
+    vv = rng.standard_normal((5, 3)).astype(np.float32)
+    got = execute(prog, {"p": pv, "v": vv})["o"]
+    assert np.allclose(got, pv @ vv, rtol=1e-5)

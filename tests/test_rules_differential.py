@@ -553,6 +553,27 @@ case("scan", _scan_two_carries, [((2, 5, 4), (2, 3)), ((3, 2, 4), (3, 3))],
      {"w": nn.Parameter(torch.randn(4, 3))})
 
 
+def _flex(s, q, k, v):
+    """FlexAttention: a sliding-window causal mask_mod and a tanh soft-cap with a
+    per-head bias as score_mod (the head's bias a closed-over tensor), grouped-query heads
+    where k has fewer, at lengths no block size divides."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def mask(b, h, qi, ki):
+        return (qi >= ki) & (qi - ki < 9)
+
+    def score(x, b, h, qi, ki):
+        return 5 * torch.tanh(x / 5) + s.bias[h]
+    bm = create_block_mask(mask, None, None, q.shape[2], k.shape[2], device=q.device)
+    return flex_attention(q, k, v, block_mask=bm, score_mod=score,
+                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+case("flex_attention", _flex, [((2, 4, 40, 8), (2, 4, 40, 8), (2, 4, 40, 8)),
+                               ((1, 4, 33, 6), (1, 2, 33, 6), (1, 2, 33, 6))],
+     {"bias": nn.Parameter(torch.randn(4))})
+
+
 def make_inputs(shapes, make):
     return [make(s) if make else torch.randn(*s) for s in shapes]
 

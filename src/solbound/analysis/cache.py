@@ -479,7 +479,7 @@ def _loop_bodies(g: Graph) -> list[tuple[int, "ProgramCache", list[str]]]:
         if seg[0].loop not in looped:
             continue
         var, trip, _ = seg[0].loop
-        if any(var in a.expr.vars for k in seg for a in k.guard):
+        if any(var in a.expr.vars for k in seg for a in k.guard + k.skip):
             continue
         ks, sliced = one_iteration(seg, g.program.tensor_map)
         # a slice the body writes (the carried residual, a kept cache) is used by another

@@ -208,6 +208,9 @@ def count_kernel(n: Einsum, tensors, origin: dict[str, str] | None = None) -> Ke
     ext = k.count_extents
     try:
         points = domain_size(ext, k.guard)
+        if k.skip and points:
+            # points whose value is known without their operands (model.Kernel.skip)
+            points -= domain_size(ext, k.guard + k.skip)
     except OverflowError as e:
         raise CountError(f"{k.opname or k.op or k.name}"
                          f"{f' at {k.src}' if k.src else ''}: {e}") from None
@@ -448,7 +451,8 @@ def _iterated_traffic(g: Graph, idxs, loop: tuple[str, int], tensors, origin,
     when the variable is in no guard: the footprints are then the same in every one)."""
     from ..ir.reroll import one_iteration
     var, trip = loop
-    steady = not any(var in a.expr.vars for i in idxs for a in g.nodes[i].kernel.guard)
+    steady = not any(var in a.expr.vars for i in idxs
+                     for a in g.nodes[i].kernel.guard + g.nodes[i].kernel.skip)
     total = None
     for it in ([0] if steady else range(trip)):
         ks, sliced = one_iteration([g.nodes[i].kernel for i in idxs], tensors, it)

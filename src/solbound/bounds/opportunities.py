@@ -94,7 +94,7 @@ def _factors(k):
 def _plain(k) -> bool:
     """A loop nest an einsum describes whole: no guard, no sequential loop, no library
     routine, scatter or scan."""
-    return not (k.guard or k.loop is not None or k.lib or k.scatter or k.scan is not None)
+    return not (k.guard or k.skip or k.loop is not None or k.lib or k.scatter or k.scan is not None)
 
 
 def _contraction(k):

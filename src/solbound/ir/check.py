@@ -52,6 +52,10 @@ def check_program(p: Program) -> None:
                 raise IRError(f"{where}: reads {x.tensor} before any kernel writes it")
         for atom in k.guard:
             check_aff(atom.expr, "the guard")
+        for atom in k.skip:
+            check_aff(atom.expr, "the skipped region")
+        if k.skip and (k.scatter or k.lib or k.scan is not None):
+            raise IRError(f"{where}: a scatter, library kernel or scan skips no points")
         if k.scan is not None and k.scan not in dims:
             raise IRError(f"{where}: scan dimension {k.scan!r} is not a loop dimension")
         for o in k.outputs:

@@ -143,7 +143,26 @@ def _access_region(k: Kernel, acc: Access) -> tuple[list[tuple[int, int] | None]
             except QuotientError:       # a block index of a shifted coordinate
                 continue
             atoms.add(Atom(Aff(tuple(sorted(e.terms)), e.const), a.lo, a.hi))
-    return box, atoms, digits
+    return box, atoms, digits, _skip_region(k, tvar)
+
+
+def _skip_region(k: Kernel, tvar: dict[str, Aff]) -> frozenset | None:
+    """The reader's skipped region (``Kernel.skip``: where it needs no operand's value)
+    over tensor coordinates: every atom over variables that are whole coordinates (all the
+    points reading one element agree on it), else None (dropping an atom of a conjunction
+    would grow the region)."""
+    if not k.skip:
+        return None
+    out = set()
+    for a in k.skip:
+        if not a.expr.vars or not all(_base(v) in tvar for v in a.expr.vars):
+            return None
+        try:
+            e = a.expr.subst(tvar)
+        except QuotientError:
+            return None
+        out.add(Atom(Aff(tuple(sorted(e.terms)), e.const), a.lo, a.hi).canonical())
+    return frozenset(out)
 
 
 def _writer_digits(p: Kernel) -> dict[str, Aff]:
@@ -233,6 +252,7 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
                     new.append(Atom(Aff.var(names[d]), lo if lo > 0 else None,
                                     hi + 1 if hi < n - 1 else None))
         p = _add_atoms(p, new + _translate(shared, {**_writer_digits(p), **to_var}))
+        p = _add_skip(p, [r[3] for r in regions], {**_writer_digits(p), **to_var})
         for d in range(rank):
             digits = [r[2][d] for r in regions]
             if names[d] is not None:
@@ -242,6 +262,24 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
                 p = _confine_digits(p, p.out_index[d], digits)
         ks[pos] = p
     return ks
+
+
+def _add_skip(p: Kernel, skips: list, sub: dict[str, Aff]) -> Kernel:
+    """``p`` skipping the region every reader skips (the same conjunction in tensor
+    coordinates for each access), every atom over the producer's variables; unchanged
+    when a reader needs the region, or when ``p`` skips a region of its own."""
+    if p.skip or not skips or any(r is None for r in skips) or len(set(skips)) != 1:
+        return p
+    atoms = sorted(skips[0], key=str)
+    out = []
+    for a in atoms:
+        if not {_base(v) for v in a.expr.vars} <= set(sub):
+            return p
+        try:
+            out.append(Atom(a.expr.subst(sub), a.lo, a.hi))
+        except QuotientError:
+            return p
+    return p.with_(skip=tuple(out))
 
 
 def _translate(atoms: set[Atom], sub: dict[str, Aff]) -> list[Atom]:
@@ -333,7 +371,8 @@ def _split_by_digits(p: Kernel, v: str, digits: list) -> Kernel:
                    for name, (lo, hi), r in zip(names, hull, radix)
                    if lo > 0 or hi < r - 1)
     return p.with_(dims=tuple(dims), out_index=tuple(a.subst(sub) for a in p.out_index),
-                   body=subst_expr(p.body, sub), guard=guard)
+                   body=subst_expr(p.body, sub), guard=guard,
+                   skip=tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in p.skip))
 
 
 __all__ = ["restrict_to_demand"]

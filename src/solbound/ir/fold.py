@@ -97,11 +97,14 @@ def over_limit(p: Program, limit: int = FOLD_LIMIT,
 
 
 def over_limit_notes(p: Program, after: Program,
-                     constants: dict[str, np.ndarray] | None = None) -> list[str]:
+                     constants: dict[str, np.ndarray] | None = None,
+                     described: set | None = None) -> list[str]:
     """One ``assumption:`` note per mask of ``p`` that :func:`over_limit` finds and that
     ``after`` (the program once the known-value pass has run) still reads: the symbolic
     pass turns the common idioms (``tril`` of ones, ``arange`` comparisons) into guards at
-    any size, and those masks are no longer read. Names the writer's operator and line."""
+    any size, and those masks are no longer read; a mask it ``described`` (its region
+    found: a body that still reads it computes the same values, and the region is a guard
+    or a skipped region) is not named either. Names the writer's operator and line."""
     big = over_limit(p, FOLD_LIMIT, constants)
     # read by a kernel that is not itself such a mask: the mask that masks work (not the
     # comparisons it is combined from)
@@ -109,7 +112,7 @@ def over_limit_notes(p: Program, after: Program,
             for a in kernel_reads(k)}
     notes = []
     for t in big:
-        if t not in read:
+        if t not in read or t in (described or ()):
             continue
         w = next((k for k in p.kernels if k.out == t), None)
         src = f" ({w.opname or w.op}, {w.src})" if w is not None and w.src else ""

@@ -385,6 +385,36 @@ def _complement(x: tuple, y: tuple) -> bool:
         (a.hi is None and b.lo is None and a.lo == b.hi)
 
 
+def _negate(a: Atom) -> Atom | None:
+    """The complement of a one-sided atom (``e < h`` is ``e >= h``); None if two-sided."""
+    if a.lo is None and a.hi is not None:
+        return Atom(a.expr, a.hi, None)
+    if a.hi is None and a.lo is not None:
+        return Atom(a.expr, None, a.lo)
+    return None
+
+
+def _merge_union(atoms, inside, outside: Cond):
+    """``inside`` on the region of ``atoms``, ``outside`` (a Cond) elsewhere, as one Cond
+    when the value is the same everywhere but on one conjunction: with ``A`` one
+    one-sided atom, ``outside = Cond(B, t, f)``, ``f == inside`` gives ``Cond(~A & B, t,
+    inside)`` and, for ``B`` one one-sided atom, ``t == inside`` gives ``Cond(~A & ~B, f,
+    inside)`` (``j <= i or j < P`` is false exactly where ``j > i and j >= P``)."""
+    if len(atoms) != 1 or isinstance(inside, Cond) or isinstance(outside.t, Cond) \
+            or isinstance(outside.f, Cond):
+        return None
+    neg = _negate(atoms[0])
+    if neg is None:
+        return None
+    if _eq(outside.f, inside):
+        return _cond((neg,) + tuple(outside.atoms), outside.t, inside)
+    if len(outside.atoms) == 1 and _eq(outside.t, inside):
+        nb = _negate(outside.atoms[0])
+        if nb is not None:
+            return _cond((neg, nb), outside.f, inside)
+    return None
+
+
 def _eval_call(op: str, args: list):
     """``op(args)``, splitting on the first conditional argument."""
     for pos, a in enumerate(args):
@@ -404,7 +434,11 @@ def _eval_call(op: str, args: list):
             inside = _eval_call(op, [side(b, True) for b in args])
             outside = _eval_call(op, [side(b, False) for b in args])
             if isinstance(outside, Cond):
-                return UNKNOWN      # not of the form "outside a region, a constant"
+                # not of the form "outside a region, a constant", unless one value holds
+                # everywhere but on one conjunction (a union of regions, "causal or in the
+                # prefix", is the complement of one)
+                merged = _merge_union(a.atoms, inside, outside)
+                return UNKNOWN if merged is None else merged
             return _cond(a.atoms, inside, outside)
     return _apply(op, args)
 
@@ -561,12 +595,16 @@ def propagate_known(kernels: list[Kernel], shapes: dict[str, tuple[int, ...]],
                     if described is not None and (isinstance(fact, Known) or isinstance(
                             fact, Cond) and isinstance(fact.t, Known) and isinstance(fact.f, Known)):
                         described.add(k.out)
-        elif k.reduce in _IDENTITY and isinstance(val, Cond) and undecided is not None \
+        elif k.reduce in _IDENTITY and isinstance(val, Cond) \
                 and _is_identity(k.reduce, val.t) and not _is_identity(k.reduce, val.f) \
                 and _new_atoms(k, val.atoms):
             # the masked part is one affine region, the kept part is not (a union: a
-            # prefix-LM's "causal or in the prefix"): no conjunction of atoms guards it
-            undecided.append((k, "union"))
+            # prefix-LM's "causal or in the prefix"): no conjunction of atoms guards it, but
+            # the masked part is skipped (its points add the identity: Kernel.skip)
+            if not k.skip:
+                k = k.with_(skip=_new_atoms(k, val.atoms))
+            elif undecided is not None:
+                undecided.append((k, "union"))
         elif k.reduce in _IDENTITY and isinstance(val, Cond) and _is_identity(k.reduce, val.f) \
                 and not _eq(val.t, val.f):
             new = _new_atoms(k, val.atoms)
@@ -690,6 +728,13 @@ def _rewrite_map(k: Kernel, val):
             k = k.with_(guard=k.guard + new, fill=val.f.value, body=body)
     elif isinstance(val, Known) and not isinstance(k.body, Const) and _data_free_ok(k):
         k = k.with_(body=Const(val.value))
+    elif isinstance(val, Cond) and isinstance(val.t, Known) and not isinstance(val.f, Known) \
+            and not k.skip:
+        # a constant inside one region, computed outside it (scores plus a prefix-LM's
+        # bias: -inf where masked): the region is skipped, not guarded (Kernel.skip)
+        new = _new_atoms(k, val.atoms)
+        if new:
+            k = k.with_(skip=new)
     return k, val
 
 

@@ -287,6 +287,13 @@ class Kernel:
       not appear in ``out_index``, or a scan op (``cumsum``, ...) along ``scan``.
     * ``guard`` restricts the points that evaluate the body. For a reduction the
       other points contribute nothing; for a map they write ``fill``.
+    * ``skip`` (a conjunction of atoms, empty for none) marks guarded points that are not
+      work: there the body's value is known without its operands (a reduction's identity,
+      or a map's constant: the keys a prefix-LM masks, ``-inf`` before the softmax and 0
+      after it), so no kernel needs to compute them. Executing them changes nothing
+      (the IR is run as if ``skip`` were empty); counting leaves them out. It lets the work
+      be a union of regions (the guard minus one conjunction) where a guard alone is
+      one region.
     * ``out2`` is the second output of ``argmax``/``argmin`` (the value).
     * ``lib = (routine, ((param, value), ...))`` makes a **library** kernel: a routine with
       no affine loop nest (a sort, an FFT, a factorization; ``ir/library.py``) computes the
@@ -325,6 +332,7 @@ class Kernel:
     # variable may appear in the kernel's indices and guards (e.g. a time step).
     loop: tuple[str, int, int] | None = None
     lib: tuple = ()
+    skip: Guard = ()
 
     @property
     def extents(self) -> dict[str, int]:
@@ -343,7 +351,8 @@ class Kernel:
         sub = {v: Aff.lit(value)}
         return replace(self, loop=None, out_index=subst_index(self.out_index, sub),
                        body=subst_expr(self.body, sub),
-                       guard=tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in self.guard))
+                       guard=tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in self.guard),
+                       skip=tuple(Atom(a.expr.subst(sub), a.lo, a.hi) for a in self.skip))
 
     @property
     def library(self) -> bool:

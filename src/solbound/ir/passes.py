@@ -294,7 +294,7 @@ def refine(p: Program, constants: dict | None = None,
         f"what the other mask masks stays masked (a negative value would keep it)"
         for t in masks)
     p = prune_dead(Program(p.tensors, tuple(kernels), notes))
-    p = Program(p.tensors, p.kernels, p.notes + tuple(over_limit_notes(before, p, constants)))
+    p = Program(p.tensors, p.kernels, p.notes + tuple(over_limit_notes(before, p, constants, described)))
     dense = [t for t in still_read(dense, p) if t not in described]
     whole = list(p.kernels)
     kernels = restrict_to_demand(whole, {t.name for t in p.by_role("intermediate")})

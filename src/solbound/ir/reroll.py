@@ -503,5 +503,5 @@ def _kernel_shape(k: Kernel, tensors) -> tuple:
         if isinstance(e, Call):
             return (e.op, tuple(sub(a) for a in e.args))
         return str(e)
-    return (k.dims, k.reduce, str(k.guard), str(k.fill), k.scan, k.opname, k.unit, k.lib,
+    return (k.dims, k.reduce, str(k.guard), str(k.skip), str(k.fill), k.scan, k.opname, k.unit, k.lib,
             k.out2 is None, sub(Access(k.out, k.out_index)), sub(k.body))

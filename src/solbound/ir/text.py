@@ -29,7 +29,9 @@ Body forms (one statement per kernel):
   read from a tensor; every point overwrites, or combines with (sum, prod, max, min), the
   element it names
 
-A ``GUARD`` is a ``&`` of affine comparisons such as ``(0 <= h + r - 1 < 9)``.
+A ``GUARD`` is a ``&`` of affine comparisons such as ``(0 <= h + r - 1 < 9)``. A decorator
+``@skip(GUARD)`` marks the points where it holds as not work (``Kernel.skip``: the body's
+value there is known without its operands).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from .model import (DTYPE_BYTES, INFIX, PREFIX, REDUCE_OPS, ROLES, SCALAR_OPS, S
 HEADER = "# solbound IR v1"
 MAX_TEXT = 50_000_000
 RESERVED = frozenset(set(SCALAR_OPS) | set(REDUCE_OPS) | set(SCAN_OPS) | set(DTYPE_BYTES)
-                     | set(ROLES) | {"kernel", "origin", "note", "inf", "nan", "where",
+                     | set(ROLES) | {"kernel", "origin", "skip", "note", "inf", "nan", "where",
                                      "over", "True", "False", "None", "range"})
 
 
@@ -166,6 +168,8 @@ def print_kernel(k: Kernel) -> str:
                                         ("unit", k.unit)) if val]
     if meta:
         lines.append("@origin(" + ", ".join(f"{key}={_quote(val)}" for key, val in meta) + ")")
+    if k.skip:
+        lines.append(f"@skip({print_guard(k.skip)})")
     lines.append(f"def {k.name}():")
     target = print_access(Access(k.out, k.out_index))
     if k.out2 is not None:
@@ -407,11 +411,20 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
     meta: dict[str, str] = {}
     lib: tuple = ()
     seen_dec: set[str] = set()
+    skip_node = None
     for dec in fn.decorator_list:
+        if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Name) \
+                and dec.func.id == "skip":
+            if len(dec.args) != 1 or dec.keywords:
+                raise _err(dec, "@skip(CONDITION): one condition over the loop dimensions")
+            if skip_node is not None:
+                raise _err(dec, "duplicate @skip")
+            skip_node = dec.args[0]
+            continue
         if not (isinstance(dec, ast.Call) and isinstance(dec.func, ast.Name)
                 and dec.func.id in ("kernel", "origin", "library") and not dec.args):
-            raise _err(dec, "decorators are @kernel(dim=extent, ...), @library(name=..., ...) "
-                            "and @origin(...) only")
+            raise _err(dec, "decorators are @kernel(dim=extent, ...), @library(name=..., ...), "
+                            "@origin(...) and @skip(CONDITION) only")
         if dec.func.id in seen_dec:
             raise _err(dec, f"duplicate @{dec.func.id}")
         seen_dec.add(dec.func.id)
@@ -444,6 +457,7 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
     if loop is not None and loop[0] in dims:
         raise _err(fn, f"kernel {name}: dimension {loop[0]!r} is the enclosing loop's variable")
     kp = _KernelParser(tensors, dims if loop is None else {**dims, loop[0]: loop[1]})
+    skip = kp.guard(skip_node) if skip_node is not None else ()
     tgt = stmt.targets[0]
     outs = [kp.target(t) for t in tgt.elts] if isinstance(tgt, ast.Tuple) else [kp.target(tgt)]
     if len(outs) > 2:
@@ -511,7 +525,7 @@ def _parse_kernel(fn: ast.FunctionDef, tensors: dict[str, TensorDecl],
                   out_index=outs[0].index, body=body, reduce=reduce, guard=guard, fill=fill,
                   scan=scan, out2=outs[1].tensor if len(outs) == 2 else None,
                   op=meta.get("op", ""), opname=meta.get("name", ""), src=meta.get("src", ""),
-                  unit=meta.get("unit", ""), loop=loop, lib=lib)
+                  unit=meta.get("unit", ""), loop=loop, lib=lib, skip=skip)
 
 
 def _parse_library(dec: ast.Call) -> tuple:

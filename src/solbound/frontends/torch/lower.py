@@ -587,7 +587,7 @@ class Lowering:
         program = prune_dead(Program(program.tensors, tuple(kernels), program.notes))
         self.notes.extend(dense_mask_notes(whole_program, [
             t for t in still_read(dense_masks, program) if t not in described]))
-        self.notes.extend(over_limit_notes(whole_program, program))
+        self.notes.extend(over_limit_notes(whole_program, program, described=described))
         kernels = list(program.kernels)
         # the inputs that may mask work but whose values only the run knows
         self.notes.extend(runtime_mask_notes(program, set(seeds) | set(counters),
