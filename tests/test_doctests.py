@@ -12,7 +12,8 @@ MODULES = ["solbound.ir.affine", "solbound.ir.demand", "solbound.analysis.footpr
            "solbound.frontends.loading", "solbound.ir.execute", "solbound.ir.collectives",
            "solbound.bounds.comm", "solbound.frontends.torch.distributed",
            "solbound.frontends.agent.prompt", "solbound.frontends.agent.translate",
-           "solbound.frontends.agent.cache", "solbound.frontends.agent.splice"]
+           "solbound.frontends.agent.cache", "solbound.frontends.agent.splice",
+           "solbound.report.tables", "solbound.report.diff", "solbound.cli"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -7,6 +7,12 @@ import os
 import sys
 
 
+def _console():
+    """The console tables print to: off a terminal, whole cells (``report/tables.py``)."""
+    from .report.tables import console
+    return console()
+
+
 def _err(msg: str, code: int = 2) -> int:
     print(f"solbound: error: {msg}", file=sys.stderr)
     return code
@@ -159,6 +165,12 @@ def _routing_arg(p: argparse.ArgumentParser) -> None:
 
 def cmd_analyze(a) -> int:
     from .api import analyze_source
+    if a.price:
+        try:
+            _prices(a.price, [])        # its syntax, before a long analysis
+        except ValueError as e:
+            if "not a chip" not in str(e):
+                return _err(str(e))
     if a.validate and not a.quiet and sys.stderr.isatty():
         from .validate import compare
         compare.PROGRESS = True         # a progress bar while the IR runs
@@ -187,6 +199,11 @@ def cmd_analyze(a) -> int:
                                                                  a.trials)}
         except MeasureError as e:
             return _err(str(e))
+    if a.price:
+        try:
+            rep.prices = _prices(a.price, [b.arch for b in rep.bounds])
+        except ValueError as e:
+            return _err(str(e))
     if a.json:
         _write(a.json, rep.to_json())
     if a.html:
@@ -196,7 +213,7 @@ def cmd_analyze(a) -> int:
     if a.json == "-":
         pass                          # standard output holds the JSON alone
     elif not a.quiet:
-        rep.render(top=a.top)
+        rep.render(top=a.top, format=a.format)
         if a.by_module is not None:
             rep.render_modules(a.by_module or None)
     else:
@@ -208,6 +225,33 @@ def cmd_analyze(a) -> int:
               + ", ".join(sorted({u.operator for u in rep.unsupported})), file=sys.stderr)
         return EXIT_UNCOUNTED
     return EXIT_OK
+
+
+def _prices(text: str, archs: list[str]) -> dict[str, float]:
+    """``--price``: ``h100-sxm=2.49,b200=5.5`` or one number for every chip of the report.
+
+    >>> _prices("h100-sxm=2.49", ["h100-sxm"]), _prices("3", ["a", "b"])
+    ({'h100-sxm': 2.49}, {'a': 3.0, 'b': 3.0})
+    """
+    out: dict[str, float] = {}
+    known = list(dict.fromkeys(archs))
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        arch, sep, val = item.rpartition("=")
+        try:
+            usd = float(val)
+        except ValueError:
+            raise ValueError(f"--price {item!r}: a price is USD per chip-hour, a number "
+                             f"(ARCH=USD or USD)") from None
+        if not usd > 0:
+            raise ValueError(f"--price {item!r}: a price must be positive")
+        if not sep:
+            out.update({x: usd for x in known})
+        elif arch not in known:
+            raise ValueError(f"--price {item!r}: {arch!r} is not a chip of this report "
+                             f"({', '.join(known)})")
+        else:
+            out[arch] = usd
+    return out
 
 
 def _vopts(a) -> dict:
@@ -354,7 +398,6 @@ def cmd_slope(a) -> int:
     if a.json:
         _write(a.json, dumps(doc, indent=1) + "\n")
     if a.json != "-":
-        from rich.console import Console
         from rich.table import Table
         t = Table(title=f"{rep.source}: DRAM traffic against on-chip capacity "
                         f"(fused: {rep.counts.fused.bytes:,} B)")
@@ -364,7 +407,7 @@ def cmd_slope(a) -> int:
             t.add_column(n, justify="right")
         for j, c in enumerate(caps):
             t.add_row(_size(c), f"{program[j]:,}", *[f"{curve[j]:,.0f}" for _, curve in kernels])
-        Console(emoji=False, highlight=False).print(t)
+        _console().print(t)
     return 0
 
 
@@ -414,9 +457,8 @@ def cmd_provision(a) -> int:
         _write(a.json, dumps(doc, indent=1) + "\n")
     if a.json == "-":
         return 0
-    from rich.console import Console
     from rich.table import Table
-    con = Console(emoji=False, highlight=False)
+    con = _console()
     con.print(f"[bold]{rep.source}[/bold]: target {target * 1e3:.4g} ms "
               f"({1 / target:.4g} Hz)")
     t = Table(title="What the target needs (least resources)")
@@ -471,7 +513,6 @@ def _parallel(a, target: float | None) -> int:
         _write(a.json, dumps(doc, indent=1) + "\n")
     if a.json == "-":
         return 0
-    from rich.console import Console
     from rich.table import Table
     from .report.report import _t as _tm
     title = f"{a.program}: fused bound per rank by tensor-parallel degree"
@@ -488,7 +529,7 @@ def _parallel(a, target: float | None) -> int:
                   f"{r['comm_share'] * 100:.3g}%", r["binding"], _size(r["resident_bytes"]),
                   "-" if r["fits_dram"] is None else ("yes" if r["fits_dram"] else "NO"),
                   *((("yes" if r["meets"] else "no"),) if target is not None else ()))
-    con = Console(emoji=False, highlight=False)
+    con = _console()
     con.print(t)
     if target is not None:
         for arch, d in doc["least_tp"].items():
@@ -517,7 +558,6 @@ def cmd_project(a) -> int:
                               "chips": rows}, indent=1) + "\n")
     if a.json == "-":
         return 0
-    from rich.console import Console
     from rich.table import Table
     from .bounds.fidelity import FIDELITIES
     t = Table(title=f"{rep.source} across chips")
@@ -535,16 +575,99 @@ def cmd_project(a) -> int:
                   r.get("binding", "-"),
                   *((("yes" if r["fits_dram"] else "NO") if r.get("fits_dram") is not None
                      else "-",) if step else ()))
-    Console(emoji=False, highlight=False).print(t)
+    _console().print(t)
     return 0
 
 
 def cmd_chips(a) -> int:
-    from .hardware.catalog import catalog
-    for s in catalog().values():
-        peaks = ", ".join(f"{k}={v / 1e12:.4g}T" for k, v in sorted(s.peaks.items()))
-        print(f"{s.id:12s} {s.name:40s} DRAM {s.bandwidth / 1e12:.4g} TB/s  {peaks}")
+    from .hardware.catalog import UnknownArch, catalog, load_spec
+    if not a.compare:
+        for s in catalog().values():
+            peaks = ", ".join(f"{k}={v / 1e12:.4g}T" for k, v in sorted(s.peaks.items()))
+            print(f"{s.id:12s} {s.name:40s} DRAM {s.bandwidth / 1e12:.4g} TB/s  {peaks}")
+        return 0
+    ids = [x.strip() for x in a.compare.split(",") if x.strip()]
+    if len(ids) < 2:
+        return _err(f"--compare {a.compare!r}: name two or more chips, comma-separated")
+    try:
+        specs = [load_spec(i) for i in ids]
+    except (UnknownArch, ValueError) as e:
+        return _err(str(e))
+    from .report.tables import Table, csv_text, markdown, rich_table
+    rows, raw = [], []
+
+    def line(label, key, value_of, unit, scale, fmt="{:.4g}"):
+        vals = [value_of(s) for s in specs]
+        if all(v is None for v in vals):
+            return
+        rows.append([label] + ["-" if v is None else fmt.format(v / scale) + unit
+                               + ("*" if key and s.uncertain(key) else "")
+                               for s, v in zip(specs, vals)])
+        raw.append([label] + vals)
+    line("DRAM bandwidth", "dram.bandwidth", lambda s: s.bandwidth, " TB/s", 1e12)
+    line("DRAM capacity", "dram.capacity",
+         lambda s: s.entries.get("dram.capacity", {}).get("value"), " GB", 1e9)
+    for lvl in ("l2", "llc", "smem", "vmem"):
+        line(f"on chip: {lvl}", f"onchip.{lvl}", lambda s, lvl=lvl: s.onchip.get(lvl),
+             " MiB", 2**20)
+    line("clock", "compute.clock", lambda s: s.clock, " MHz", 1e6, "{:.0f}")
+    pipes = sorted({p for s in specs for p in s.peaks})
+    for p in pipes:
+        line(p, p, lambda s, p=p: s.peaks.get(p), " T", 1e12)
+    line("price", "cost.price_per_hour", lambda s: s.price_per_hour, " USD/h", 1)
+    t = Table("Chips side by side (* uncertain: see each chip file's note and source; peaks "
+              "dense, at each chip's highest clock)", ["", *[s.id for s in specs]], rows,
+              left={0}, raw_columns=["field", *[s.id for s in specs]], raw_rows=raw)
+    if a.format == "csv":
+        sys.stdout.write(csv_text([t]))
+    elif a.format == "markdown":
+        sys.stdout.write(markdown([t]))
+    else:
+        _console().print(rich_table(t))
     return 0
+
+
+def cmd_diff(a) -> int:
+    """Two JSON reports of one program: what moved, and a CI gate (``--fail-above``)."""
+    import json
+
+    from .report.diff import DiffError, diff, regressions, tables
+    docs = []
+    for path in (a.old, a.new):
+        try:
+            with open(path) as f:
+                docs.append(json.load(f))
+        except OSError as e:
+            return _err(f"{path}: {e.strerror}")
+        except json.JSONDecodeError as e:
+            return _err(f"{path}: not JSON ({e.msg} at line {e.lineno}); diff reads the JSON "
+                        f"report `solbound analyze PROGRAM --json FILE` writes")
+    try:
+        d = diff(*docs, any_program=a.any_program)
+    except DiffError as e:
+        return _err(str(e))
+    if a.json:
+        from .report.report import dumps
+        _write(a.json, dumps(d, indent=1))
+    if a.json != "-":
+        from .report.tables import csv_text, markdown, rich_table
+        ts = tables(d, a.top)
+        if a.format == "csv":
+            sys.stdout.write(csv_text(ts))
+        elif a.format == "markdown":
+            sys.stdout.write(markdown(ts))
+        else:
+            con = _console()
+            for t in ts:
+                con.print(rich_table(t))
+    if a.fail_above is not None:
+        bad = regressions(d, a.fail_above, a.mode)
+        if bad:
+            print("solbound: regressed: " + ", ".join(
+                f"{b['arch']} {b['mode']} {b['change'] * 100:+.1f}%" for b in bad)
+                + f" (over {a.fail_above:g}%)", file=sys.stderr)
+            return EXIT_REGRESSED
+    return EXIT_OK
 
 
 def cmd_validate(a) -> int:
@@ -574,6 +697,14 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--max-bytes", type=float, default=None, metavar="GIB",
                     help="validation memory budget (GiB) before reduced shapes are used")
     an.add_argument("--top", type=int, default=8, help="operators listed in the top table")
+    an.add_argument("--format", choices=("table", "markdown", "csv"), default="table",
+                    help="how the tables print: table (default; off a terminal, whole cells, "
+                         "never cut), markdown (GitHub tables and the text), csv (the tables "
+                         "alone, one block each, its title the first row)")
+    an.add_argument("--price", default=None, metavar="[ARCH=]USD",
+                    help="USD per chip-hour (ARCH=USD,... per chip; a bare number for every "
+                         "chip): each bound's cost at that price, over a chip file's "
+                         "[cost] price_per_hour")
     an.add_argument("--measure", nargs="?", const="eager", default=None, metavar="MODES",
                     help="time the program on this machine (eager, or eager,compile; eager,jit "
                          "for JAX) and show headroom against --arch host")
@@ -652,7 +783,25 @@ def build_parser() -> argparse.ArgumentParser:
     sl.add_argument("--top", type=int, default=4, help="kernels shown beside the program")
     sl.set_defaults(fn=cmd_slope)
     ch = sub.add_parser("chips", help="list the hardware catalog")
+    ch.add_argument("--compare", default=None, metavar="A,B[,...]",
+                    help="chips side by side: memory, caches, clock, every peak, price")
+    ch.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
     ch.set_defaults(fn=cmd_chips)
+
+    df = sub.add_parser("diff", help="what moved between two JSON reports of one program "
+                                     "(and a CI gate)")
+    df.add_argument("old", help="the earlier report (analyze --json)")
+    df.add_argument("new", help="the later report")
+    df.add_argument("--fail-above", type=float, default=None, metavar="PCT",
+                    help="exit 4 when a bound slowed by more than PCT percent")
+    df.add_argument("--mode", default=None, choices=("unfused", "fused", "cache-aware"),
+                    help="with --fail-above: only this fidelity's bounds (default every one)")
+    df.add_argument("--any-program", action="store_true",
+                    help="compare reports of different programs (by default an error)")
+    df.add_argument("--json", metavar="PATH", help="write the diff as JSON (- for stdout)")
+    df.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
+    df.add_argument("--top", type=int, default=20, help="changed operators listed")
+    df.set_defaults(fn=cmd_diff)
 
     va = sub.add_parser("validate", help="check an IR text against the program")
     va.add_argument("program")
@@ -722,6 +871,7 @@ def cmd_sweep(a) -> int:
 
 # exit codes (documented in the README)
 EXIT_OK, EXIT_VALIDATION_FAILED, EXIT_BAD_INPUT, EXIT_UNCOUNTED, EXIT_INTERNAL = 0, 1, 2, 3, 70
+EXIT_REGRESSED = 4       # solbound diff --fail-above: a bound slowed by more than allowed
 
 
 #: loggers of libraries a program imports that warn about their own build or API at import

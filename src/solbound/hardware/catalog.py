@@ -41,7 +41,7 @@ class SpecError(ValueError):
 
 # the catalog's schema: what a chip file may contain
 TOP_KEYS = {"id", "name", "vendor", "kind", "notes", "dram", "onchip", "compute", "peaks", "units",
-            "links"}
+            "links", "cost"}
 SECTION_KEYS = {"dram": {"bandwidth", "capacity"},
                 "onchip": {"l2", "llc", "smem", "regs", "vmem", "cmem"},
                 "compute": {"sm_count", "clock"},
@@ -51,7 +51,10 @@ SECTION_KEYS = {"dram": {"bandwidth", "capacity"},
                 # per GPU: bandwidths are bytes/s in one direction; the domain is how many
                 # GPUs the scale-up fabric joins; in_network_reduction: the switch reduces
                 # (NVLS, SHARP), a boolean
-                "links": {"scale_up", "scale_up_domain", "in_network_reduction", "scale_out"}}
+                "links": {"scale_up", "scale_up_domain", "in_network_reduction", "scale_out"},
+                # what an hour of the chip costs (USD/h, a cloud list price or your own): the
+                # report gives each bound's cost at it
+                "cost": {"price_per_hour"}}
 BOOLEAN_KEYS = {("links", "in_network_reduction")}
 # min/median/max: the spread of a measured value over its trials (``solbound calibrate``)
 # clock: the clock (Hz) a rate is stated at, where it is not the chip's [compute] clock
@@ -167,6 +170,12 @@ class Spec:
             raise ValueError(f"{self.id} has no on-chip level {level!r} (it lists: {have})")
         return self.onchip[level]
 
+    @property
+    def price_per_hour(self) -> float | None:
+        """USD per hour of this chip, from its ``[cost] price_per_hour`` (None if absent)."""
+        v = self.entries.get("cost.price_per_hour", {}).get("value")
+        return float(v) if v is not None else None
+
     def source(self, key: str) -> str:
         return self.entries.get(key, {}).get("source", "")
 
@@ -222,7 +231,7 @@ def _check(data: dict, path: str) -> None:
 def _parse(data: dict, path: str) -> Spec:
     _check(data, path)
     entries: dict[str, dict] = {}
-    for section in ("dram", "onchip", "compute", "peaks", "links"):
+    for section in ("dram", "onchip", "compute", "peaks", "links", "cost"):
         for key, val in data.get(section, {}).items():
             entries[key if section == "peaks" else f"{section}.{key}"] = val
     units = {}

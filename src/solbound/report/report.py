@@ -63,6 +63,26 @@ class Report:
     # the frontend's capture the IR was lowered from (PyTorch: the ExportedProgram), which
     # validation runs the analyzed IR beside: one program, one verdict
     exported: Any = field(default=None, repr=False)
+    # USD per chip-hour given by the user (``--price``), over the chip files' own
+    prices: dict = field(default_factory=dict)
+
+    def price_of(self, arch: str) -> tuple[float, str] | None:
+        """(USD per hour, where it comes from) of a chip of the report, or None."""
+        if arch in self.prices:
+            return float(self.prices[arch]), "--price"
+        spec = next((s for s in self.specs if s.id == arch), None)
+        if spec is not None and spec.price_per_hour:
+            return spec.price_per_hour, spec.source("cost.price_per_hour")
+        return None
+
+    def cost_of(self, b: Bound) -> dict | None:
+        """What the bound's time costs at the chip's price (per step, per million steps)."""
+        p = self.price_of(b.arch)
+        if p is None:
+            return None
+        usd = b.seconds * p[0] / 3600
+        return {"usd_per_hour": p[0], "usd": usd, "usd_per_million": usd * 1e6,
+                "source": p[1]}
 
     # --- access -------------------------------------------------------------
     @property
@@ -97,10 +117,11 @@ class Report:
         return sorted(rows.values(), key=lambda r: (-r["seconds"], r["module"]))
 
     def render_modules(self, depth: int | None = None, console=None) -> None:
-        from rich.console import Console
         from rich.markup import escape as e
         from rich.table import Table
-        console = console or Console(emoji=False, highlight=False)
+
+        from .tables import console as make_console
+        console = console or make_console()
         arch = self.specs[0].id if self.specs else "-"
         t = Table(title=f"Per module (depth {depth or 'full'}), unfused time on {arch}")
         for col in ("module", "operators", "time", "MACs", "FLOPs", "bytes"):
@@ -129,6 +150,17 @@ class Report:
         have = sorted({(b.arch, b.mode) for b in self.bounds})
         raise KeyError(f"no bound for arch {arch!r}, mode {mode!r}; this report has "
                        + ", ".join(f"{a}/{m}" for a, m in have))
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the bounds, top operators and a roofline per chip, inline and light
+        (``report/notebook.py``)."""
+        from .notebook import notebook_html
+        return notebook_html(self)
+
+    def __rich__(self):
+        """rich consoles (``rich.print(report)``): the summary and the tables."""
+        from .notebook import rich_renderable
+        return rich_renderable(self)
 
     def __repr__(self) -> str:
         pc = self.counts
@@ -231,6 +263,7 @@ class Report:
                 **({"cache_bytes": b.cache_bytes} if b.cache_bytes is not None else {}),
                 "comm_seconds": b.comm_seconds, "link_bandwidth": b.link_bandwidth,
                 "emulated": b.emulated,
+                **({"cost": self.cost_of(b)} if self.price_of(b.arch) else {}),
                 **({"no_overlap_seconds": b.no_overlap_seconds}
                    if b.no_overlap_seconds is not None else {}),
                 **({"segments": _segments(b.detail)} if b.detail is not None else {}),
@@ -381,94 +414,134 @@ class Report:
         return "\n".join(lines)
 
     # --- terminal ---------------------------------------------------------------------
-    def render(self, console=None, top: int = 8) -> None:
-        from rich.console import Console
-        from rich.table import Table
-
-        from rich.markup import escape as e
-        console = console or Console(emoji=False, highlight=False)
+    def tables(self, top: int = 8) -> list:
+        """The report's tables as plain data (``report/tables.py``): per phase of a
+        training step, collectives, the speed-of-light bounds, the top operators."""
+        from .tables import Table
         pc = self.counts
-        console.print(f"[bold]solbound[/bold] {e(self.source)}: {len(pc.groups)} operators, "
-                      f"{len(self.program.kernels)} kernels")
-        console.print(f"  MACs {_si(pc.macs)}   FLOPs {_si(sum(pc.flops.values()))} "
-                      f"(matrix {_si(pc.flops['matrix'])}, vector {_si(pc.flops['vector'])}, "
-                      f"special {_si(pc.flops['special'])})")
-        console.print(f"  DRAM bytes: unfused {_si(pc.unfused.bytes)}B, fused {_si(pc.fused.bytes)}B"
-                      f"   policy: {self.policy.describe()}")
+        out = []
         tr = self.training
         if tr is not None:
-            tp = Table(title=f"Training step ({tr['optimizer']}): per phase")
-            for col in ("phase", "operators", "MACs", "FLOPs", "bytes unfused", "bytes fused"):
-                tp.add_column(col, justify="left" if col == "phase" else "right")
-            for name, ph in tr["phases"].items():
-                tp.add_row(name, str(ph["operators"]), _si(ph["macs"]), _si(ph["flops"]),
-                           _si(ph["bytes"]["unfused"]) + "B", _si(ph["bytes"]["fused"]) + "B")
-            console.print(tp)
-            m = tr["memory"]
-            console.print(f"  resident: parameters {_si(m['parameters'])}B, gradients "
-                          f"{_si(m['gradients'])}B, optimizer state {_si(m['optimizer_state'])}B, "
-                          f"saved for backward {_si(m['saved_for_backward'])}B, peak "
-                          f"intermediates {_si(m['peak_intermediates'])}B; total "
-                          f"{_si(m['total'])}B")
-            over = [a for a, f in m["fits"].items() if f["fits"] is False]
-            if over:
-                console.print(f"  [red]does not fit[/red] in the DRAM of: {e(', '.join(over))}")
-        for b in self.bounds:
-            if b.cache_bytes is not None:
-                console.print(f"  {e(b.arch)} {e(b.mode)}: {_si(b.bytes)}B with "
-                              f"{_si(b.cache_bytes)}B on chip ({e(b.explanation)})")
+            out.append(Table(
+                f"Training step ({tr['optimizer']}): per phase",
+                ["phase", "operators", "MACs", "FLOPs", "bytes unfused", "bytes fused"],
+                [[name, str(ph["operators"]), _si(ph["macs"]), _si(ph["flops"]),
+                  _si(ph["bytes"]["unfused"]) + "B", _si(ph["bytes"]["fused"]) + "B"]
+                 for name, ph in tr["phases"].items()], left={0}))
         if pc.collectives:
-            tc = Table(title=f"Collectives per rank (rank 0 of {self.world_size})")
-            for col in ("kind", "ranks", "payload", "calls", "operator", "source"):
-                tc.add_column(col, justify="right" if col in ("ranks", "payload", "calls")
-                              else "left")
-            for c in pc.collectives:
-                tc.add_row(c.kind + (f" ({c.reduce})" if c.reduce else ""), str(c.ranks),
-                           _si(c.bytes) + "B", str(c.calls), e(c.op), e(c.src or "-"))
-            console.print(tc)
+            out.append(Table(
+                f"Collectives per rank (rank 0 of {self.world_size})",
+                ["kind", "ranks", "payload", "calls", "operator", "source"],
+                [[c.kind + (f" ({c.reduce})" if c.reduce else ""), str(c.ranks),
+                  _si(c.bytes) + "B", str(c.calls), c.op, c.src or "-"]
+                 for c in pc.collectives], left={0, 4, 5}))
         comm = bool(pc.collectives)
-        t = Table(title="Speed-of-light bounds" + (" per rank" if comm else ""), show_lines=False)
-        cols = ("arch", "mode", "time", "compute", "memory") + (("comm", "no overlap") if comm
-                                                                  else ()) \
-            + ("bytes", "bound", "FLOP/B")
-        for col in cols:
-            t.add_column(col, justify="right" if col not in ("arch", "mode", "bound") else "left")
+        cost = any(self.price_of(b.arch) for b in self.bounds)
+        cols = ["arch", "mode", "time", "compute", "memory"] + (["comm", "no overlap"] if comm
+                                                                  else []) \
+            + ["bytes", "bound", "FLOP/B"] + (["cost"] if cost else [])
+        rows, raw = [], []
         for b in self.bounds:
             bound = f"compute ({b.binding_unit})" if b.bound == "compute" and b.binding_unit \
                 else b.bound
+            c = self.cost_of(b) if cost else None
+            raw.append([b.arch, b.mode, b.seconds, b.compute_seconds, b.memory_seconds]
+                       + ([b.comm_seconds, b.no_overlap_seconds or b.seconds] if comm else [])
+                       + [b.bytes, bound, _num(b.intensity)]
+                       + ([c["usd"] if c else None] if cost else []))
             row = [b.arch, b.mode, _t(b.seconds), _t(b.compute_seconds), _t(b.memory_seconds)]
             if comm:
                 row += [_t(b.comm_seconds), _t(b.no_overlap_seconds or b.seconds)]
-            t.add_row(*row, _si(b.bytes) + "B", bound,
-                      f"{b.intensity:.3g}" if math.isfinite(b.intensity) else "-")
-        console.print(t)
+            row += [_si(b.bytes) + "B", bound,
+                    f"{b.intensity:.3g}" if math.isfinite(b.intensity) else "-"]
+            if cost:
+                row.append(_usd(c["usd"]) if c else "-")
+            rows.append(row)
+        units = {"time": "time (s)", "compute": "compute (s)", "memory": "memory (s)",
+                 "comm": "comm (s)", "no overlap": "no overlap (s)", "bytes": "bytes (B)",
+                 "cost": "cost (USD)"}
+        out.append(Table("Speed-of-light bounds" + (" per rank" if comm else ""), cols, rows,
+                         left={0, 1, cols.index("bound")},
+                         raw_columns=[units.get(c, c) for c in cols], raw_rows=raw))
         if self.specs:
             spec = self.specs[0]
             times = group_seconds(pc, spec, self.policy)
             order = sorted(range(len(pc.groups)), key=lambda i: -times[i][0])[:top]
-            tt = Table(title=f"Top operators by unfused time on {spec.id}")
-            for col in ("operator", "module", "source", "time", "bound", "FLOPs", "bytes"):
-                tt.add_column(col)
+            rows, raw = [], []
             for i in order:
                 g = pc.groups[i]
                 tm, c, m = times[i]
-                tt.add_row(e(f"{g.op} ({g.opname})"), e(self.module_of(g.op) or "-"),
-                           e(g.src or "-"), _t(tm),
-                           "compute" if c >= m else "memory", _si(sum(g.flops.values())),
-                           _si(g.traffic.bytes) + "B")
-            console.print(tt)
+                rows.append([f"{g.op} ({g.opname})", self.module_of(g.op) or "-", g.src or "-",
+                             _t(tm), "compute" if c >= m else "memory",
+                             _si(sum(g.flops.values())), _si(g.traffic.bytes) + "B"])
+                raw.append([f"{g.op} ({g.opname})", self.module_of(g.op), g.src, tm,
+                            "compute" if c >= m else "memory", sum(g.flops.values()),
+                            g.traffic.bytes])
+            out.append(Table(f"Top operators by unfused time on {spec.id}",
+                             ["operator", "module", "source", "time", "bound", "FLOPs", "bytes"],
+                             rows, left={0, 1, 2, 4},
+                             raw_columns=["operator", "module", "source", "time (s)", "bound",
+                                          "FLOPs", "bytes (B)"], raw_rows=raw))
+        return out
+
+    def render(self, console=None, top: int = 8, format: str = "table") -> None:
+        """Print the report: text lines and tables (rich, ``markdown`` or ``csv``: see
+        ``report/tables.py``; csv prints the tables alone)."""
+        from rich.markup import escape as e
+
+        from .tables import console as make_console, csv_text, markdown, rich_table
+        console = console or make_console()
+        tables = self.tables(top)
+        if format == "csv":
+            console.file.write(csv_text(tables))
+            return
+        if format == "markdown":
+            # plain text: nothing is markup
+            def say(text: str) -> None:
+                console.file.write(_plain(text) + "\n")
+        else:
+            def say(text: str) -> None:
+                console.print(text)
+        pc = self.counts
+        say(f"[bold]solbound[/bold] {e(self.source)}: {len(pc.groups)} operators, "
+            f"{len(self.program.kernels)} kernels")
+        say(f"  MACs {_si(pc.macs)}   FLOPs {_si(sum(pc.flops.values()))} "
+            f"(matrix {_si(pc.flops['matrix'])}, vector {_si(pc.flops['vector'])}, "
+            f"special {_si(pc.flops['special'])})")
+        say(f"  DRAM bytes: unfused {_si(pc.unfused.bytes)}B, fused {_si(pc.fused.bytes)}B"
+            f"   policy: {e(self.policy.describe())}")
+        if format == "markdown":
+            console.file.write("\n" + markdown(tables) + "\n")
+        else:
+            for t in tables:
+                console.print(rich_table(t))
+        tr = self.training
+        if tr is not None:
+            m = tr["memory"]
+            say(f"  resident: parameters {_si(m['parameters'])}B, gradients "
+                f"{_si(m['gradients'])}B, optimizer state {_si(m['optimizer_state'])}B, "
+                f"saved for backward {_si(m['saved_for_backward'])}B, peak "
+                f"intermediates {_si(m['peak_intermediates'])}B; total "
+                f"{_si(m['total'])}B")
+            over = [a for a, f in m["fits"].items() if f["fits"] is False]
+            if over:
+                say(f"  [red]does not fit[/red] in the DRAM of: {e(', '.join(over))}")
+        for b in self.bounds:
+            if b.cache_bytes is not None:
+                say(f"  {e(b.arch)} {e(b.mode)}: {_si(b.bytes)}B with "
+                    f"{_si(b.cache_bytes)}B on chip ({e(b.explanation)})")
         if self.measured:
             arch = self.measured.get("arch")
             for mode, ratios in self.headroom().items():
                 st = self.measured[mode]
-                console.print(f"[bold]measured[/bold] {mode} on {e(str(arch))}: "
+                say(f"[bold]measured[/bold] {mode} on {e(str(arch))}: "
                               f"{_t(st['median'])} median ({_t(st['min'])}-{_t(st['max'])}, "
                               f"{st['trials']} trials); headroom "
                               + ", ".join(f"{m} {r:.3g}x" for m, r in ratios.items()))
         for o in self.opportunities:
             if o["kind"] == "reorder":
                 first = self.specs[0].id
-                console.print(f"[cyan]opportunity[/cyan]: reorder {e(o['einsum'])} "
+                say(f"[cyan]opportunity[/cyan]: reorder {e(o['einsum'])} "
                               f"({e(', '.join(o['sources']) or ', '.join(o['kernels']))}): "
                               f"{o['macs_before']:,} -> {o['macs_after']:,} MACs "
                               f"({o['saving']:.3g}x); {first} fused bound "
@@ -476,31 +549,31 @@ class Report:
         prec = [o for o in self.opportunities if o["kind"] == "precision"
                 and o["arch"] == (self.specs[0].id if self.specs else "")]
         for o in prec:
-            console.print(f"[cyan]opportunity[/cyan]: fp32 contractions on "
+            say(f"[cyan]opportunity[/cyan]: fp32 contractions on "
                           f"{o['fp32_contractions_on']} tensor cores: {o['arch']} fused bound "
                           f"{_t(o['seconds_before'])} -> {_t(o['seconds_after'])}")
         for o in self.opportunities:
             if o["kind"] == "stored-width" and o["arch"] == self.specs[0].id:
-                console.print(f"[cyan]opportunity[/cyan]: {o['scheme']} ({o['weights']} weight "
+                say(f"[cyan]opportunity[/cyan]: {o['scheme']} ({o['weights']} weight "
                               f"tensors, {o['weight_bytes_before']:,} -> "
                               f"{o['weight_bytes_after']:,} B): {o['arch']} fused bound "
                               f"{_t(o['seconds_before'])} -> {_t(o['seconds_after'])}")
         if self.unsupported:
-            console.print(f"[red]{len(self.unsupported)} unsupported operator(s); their work is "
+            say(f"[red]{len(self.unsupported)} unsupported operator(s); their work is "
                           f"NOT counted:[/red]")
             for u in self.unsupported:
-                console.print(f"  [red]{e(u.operator)}[/red] at {e(u.source or '?')}: {e(u.reason)}")
+                say(f"  [red]{e(u.operator)}[/red] at {e(u.source or '?')}: {e(u.reason)}")
         notes = list(self.program.notes) + [n for b in self.bounds for n in b.notes]
         for n in dict.fromkeys(notes):
-            console.print(f"[yellow]note[/yellow]: {e(n)}")
+            say(f"[yellow]note[/yellow]: {e(n)}")
         for t in (self.agent or {}).get("translations", []):
             how = ("from the cache" if t["cached"] else f"{t['attempts']} attempt(s)")
             state = "accepted, validated" if t["accepted"] else "NOT accepted (stays unsupported)"
-            console.print(f"agent ({e(self.agent['model'])}): {e(t['target'])} "
+            say(f"agent ({e(self.agent['model'])}): {e(t['target'])} "
                           f"({e(t.get('src') or '?')}): {state}, {how}")
         if self.validation.get("status") != "not requested":
             v = self.validation
-            console.print(f"validation: [bold]{e(str(v.get('status')))}[/bold] "
+            say(f"validation: [bold]{e(str(v.get('status')))}[/bold] "
                           + e(v.get("summary") or v.get("reason") or ""))
 
 
@@ -509,6 +582,16 @@ def _segments(detail) -> list[dict]:
     return [{"first": s.first, "last": s.last, "bytes": s.bytes, "tiles": s.tiles,
              "order": list(s.order), "exact": s.exact}
             for s in getattr(detail, "segments", [])]
+
+
+def _plain(text: str) -> str:
+    """Console markup removed (``[bold]x[/bold]`` is ``x``; escaped brackets restored)."""
+    import re
+    return re.sub(r"(?<!\\)\[/?[a-z ]+\]", "", text).replace("\\[", "[")
+
+
+def _usd(x: float) -> str:
+    return f"${x:.3g}" if x >= 0.01 else f"${x:.2e}"
 
 
 def _si(x: float) -> str:

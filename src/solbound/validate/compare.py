@@ -263,14 +263,27 @@ def _structure(p: Program) -> list[tuple]:
 PROGRESS = False
 
 
+def in_notebook() -> bool:
+    """Running in a Jupyter kernel (rich renders live progress there)."""
+    import sys
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        from rich.console import Console
+        return Console().is_jupyter
+    except Exception:  # noqa: BLE001 - no rich console: no progress
+        return False
+
+
 class _progress:
-    """A transient progress bar on stderr over the IR's kernels; a no-op unless PROGRESS."""
+    """A transient progress bar on stderr over the IR's kernels; a no-op unless PROGRESS
+    (the command line on a terminal) or in a notebook."""
 
     def __init__(self, total: int):
         self.total, self.bar = total, None
 
     def __enter__(self):
-        if not PROGRESS:
+        if not (PROGRESS or in_notebook()):
             return lambda: None
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
