@@ -195,3 +195,37 @@ def test_transformers_flex_attention_implementation(family):
     # one (Llama), 4 a layer and the final one (Gemma 2)
     norms = {"llama": 5, "gemma2": 9}[family] * 128 * 64
     assert rep.totals["macs"] == attn[family] + linear + norms
+
+
+class FlexStep(torch.nn.Module):
+    """A training step's forward: projections, causal FlexAttention with a soft-cap
+    score_mod (so its backward runs the score_mod's joint graph), a squared mean."""
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.w = torch.nn.Linear(d, 3 * d)
+
+    def forward(self, x):
+        q, k, v = self.w(x).unsqueeze(1).chunk(3, -1)
+        s = x.shape[1]
+        bm = create_block_mask(causal, None, None, s, s, device=x.device)
+        return flex_attention(q, k, v, block_mask=bm, score_mod=softcap).pow(2).mean()
+
+
+def test_a_training_step_through_flex_attention_is_exact_and_validates():
+    """The backward (``flex_attention_backward``, unsupported before) through PyTorch's
+    own dense backward: batch 2, 128 tokens, one head of 16. Forward: the projection
+    2*128*16*48, two products over the 8,256 causal pairs (16 each, per batch), the squared
+    mean's 2*128*16. Backward: the projection's weight gradient (the input needs none),
+    the scores recomputed (one product over the pairs), dV, dP, dQ and dK (four), the row
+    sums of out * dout (2*128*16). Validated against PyTorch's own step on the CPU (whose
+    FlexAttention refuses a CPU backward unless its device check is lifted, as here)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 128, 16)
+    rep = solbound.analyze(FlexStep(), (x,), train=True, validate=True)
+    pairs = _pairs_causal(128)
+    fwd = 2 * 128 * 16 * 48 + 2 * (2 * pairs * 16) + 2 * 128 * 16
+    bwd = 2 * 128 * 16 * 48 + 5 * (2 * pairs * 16) + 2 * 128 * 16
+    assert rep.totals["macs"] == fwd + bwd
+    assert not rep.to_dict()["unsupported"]
+    assert rep.validation["status"] == "passed", rep.validation.get("reason")

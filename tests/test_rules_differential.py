@@ -620,6 +620,11 @@ def test_every_rule_is_differentially_tested():
     from test_train import conv_step_inputs
     m, inp = conv_step_inputs()
     used |= lower(export_train_step(m, inp, "conv", optimizer_name="SGD")).rules_used
+    # FlexAttention's backward: validated against PyTorch's own step in tests/test_flex.py
+    # (test_a_training_step_through_flex_attention_is_exact_and_validates)
+    from test_flex import FlexStep
+    used |= lower(export_train_step(FlexStep(), (torch.randn(2, 128, 16),), "flex",
+                                    optimizer_name="SGD")).rules_used
     # collectives: validated on 4 ranks at once against PyTorch's threaded process group
     # (real collectives) in tests/test_parallel.py (test_every_collective_kind_per_rank...)
     from solbound.frontends.torch.capture import load_problem

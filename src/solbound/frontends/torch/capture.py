@@ -876,7 +876,7 @@ def _override_only_what_changes() -> None:
 
 
 @contextlib.contextmanager
-def _flex_on_meta():
+def _flex_on_meta(cpu_backward: bool = False):
     """While tracing, let FlexAttention take meta tensors: ``flex_attention`` checks its
     inputs' device in Python ("only supported on CUDA, CPU, HPU, or MPS devices") before
     it dispatches; its operator traces on meta tensors as on fake ones. Restored on exit."""
@@ -895,9 +895,15 @@ def _flex_on_meta():
     def validate(query, key, value):
         # traced (fake or meta): nothing runs here, and a CPU model's parameters that
         # require gradients must not stop the forward's capture ("does not support backward
-        # on CPU": the analysis of a training step traces the backward itself)
-        if query.device.type != "meta" and not isinstance(query, FakeTensor):
-            orig(query, key, value)
+        # on CPU": the analysis of a training step traces the backward itself). With
+        # ``cpu_backward`` (the reference run of a training step) the eager CPU backward
+        # runs: PyTorch's dense reference (``sdpa_dense_backward``), which its compiled CPU
+        # kernel lacks
+        if query.device.type == "meta" or isinstance(query, FakeTensor):
+            return
+        if cpu_backward and query.device.type == "cpu":
+            return
+        orig(query, key, value)
     fa._validate_device = validate
     try:
         yield

@@ -865,13 +865,15 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     inputs = tuple(inputs)
     torch.manual_seed(seed)
     model.train()
+    from .capture import _flex_on_meta
     try:
         opt = _real_optimizer(model, info)
         # step one, for real: the optimizer's state exists afterwards
-        loss = loss_of(model(*inputs))
-        if loss is None:
-            raise HarnessError("the forward returned no scalar loss on real inputs")
-        loss.backward()
+        with _flex_on_meta(cpu_backward=True):
+            loss = loss_of(model(*inputs))
+            if loss is None:
+                raise HarnessError("the forward returned no scalar loss on real inputs")
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     except HarnessError as e:
@@ -932,8 +934,9 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
         ref_params = dict(ref_model.named_parameters())
         ref_buffers = dict(ref_model.named_buffers())
         try:
-            loss = loss_of(ref_model(*inputs))
-            loss.backward()
+            with _flex_on_meta(cpu_backward=True):
+                loss = loss_of(ref_model(*inputs))
+                loss.backward()
             grads_ref = {n: _to_np(p.grad) for n, p in ref_params.items() if p.grad is not None}
             ref_opt.step()
         except Exception as e:  # noqa: BLE001

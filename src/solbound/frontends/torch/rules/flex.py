@@ -13,6 +13,11 @@ hand: an affine one (causal, a sliding window, a prefix-LM, documents by block i
 becomes the guard of the work, and the work is the pairs it keeps, at any length; a
 ``score_mod`` is elementwise work on those pairs.
 
+The backward (``flex_attention_backward``, in a training step) is PyTorch's own dense
+backward traced the same way: the probabilities recomputed from the saved log-sum-exp (as
+FlashAttention's backward recomputes them), the row sums of ``out * grad_out``, the joint
+graph of the ``score_mod`` on the kept pairs, dV, dP, dQ and dK.
+
 The block mask (``create_block_mask``'s ``kv_num_blocks``, ``kv_indices`` and their
 ``full_`` pair) is what a FlexAttention kernel reads to find the key blocks of each query
 block: one kernel of the group (``flex_blocks``, no arithmetic) reads those tensors as
@@ -127,3 +132,119 @@ def flex_attention(ctx: OpCtx) -> None:
         if want is not None and not want.numel():
             outs[i] = ctx.output(i)
     ctx.bind(outs)
+
+
+def _constants_as_nodes(gm) -> None:
+    """Each 0-d tensor constant of a traced graph (``torch.tensor(0)`` in PyTorch's
+    reference) as a ``full`` node, so that every node has a rule."""
+    import torch
+    g = gm.graph
+    for n in list(g.nodes):
+        if n.op != "get_attr":
+            continue
+        val = getattr(gm, n.target)
+        if not isinstance(val, torch.Tensor) or val.dim() != 0:
+            raise LoweringError(f"internal: a constant tensor of shape {tuple(val.shape)} in "
+                                f"flex_attention's reference")
+        with g.inserting_before(n):
+            new = g.call_function(torch.ops.aten.full.default, ([], val.item()),
+                                  {"dtype": val.dtype, "device": torch.device("meta")})
+        new.meta["val"] = torch.empty((), dtype=val.dtype, device="meta")
+        n.replace_all_uses_with(new)
+        g.erase_node(n)
+    for n in list(g.nodes):     # lift_fresh_copy of what is now a full: the full itself
+        if n.op == "call_function" and "lift_fresh" in str(n.target):
+            n.replace_all_uses_with(n.args[0])
+            g.erase_node(n)
+    # an output buffer made empty and filled by a copy (functionalized ``copy_``): the
+    # copied value itself, when it has the buffer's shape
+    for n in list(g.nodes):
+        if n.op == "call_function" and n.target is torch.ops.aten.copy.default:
+            dst, src = n.args[:2]
+            if getattr(dst, "op", "") == "call_function" and "empty" in str(dst.target) \
+                    and tuple(dst.meta["val"].shape) == tuple(src.meta["val"].shape) \
+                    and dst.meta["val"].dtype == src.meta["val"].dtype:
+                n.replace_all_uses_with(src)
+                g.erase_node(n)
+    g.eliminate_dead_code()
+    g.lint()
+
+
+def _lower_traced(ctx: OpCtx, traced, inputs) -> list:
+    """Lower a traced reference's nodes in this operator's group; its outputs' values."""
+    low = ctx.low
+    group = low._cur_group
+    places = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    for p, x in zip(places, inputs):
+        low.env[p] = x
+    for n in traced.graph.nodes:
+        if n.op == "call_function":
+            n.meta[GROUP_KEY] = group
+            low.lower_node(n)
+        elif n.op == "get_attr":
+            raise LoweringError("internal: a constant in flex_attention's reference")
+    low._cur_group = group
+
+    def value(a):
+        if isinstance(a, (list, tuple)):
+            return type(a)(value(x) for x in a)
+        return low.env[a] if a is not None else None
+    return value(traced.graph.output_node().args[0])
+
+
+@rule("flex_attention_backward")
+def flex_attention_backward(ctx: OpCtx) -> None:
+    """The gradients of ``flex_attention`` through PyTorch's own dense backward
+    (``sdpa_dense_backward``: the probabilities recomputed from the saved log-sum-exp, the
+    row sums of ``out * grad_out``, the joint graph of the ``score_mod`` for the scores'
+    gradient, the mask), traced as the forward is (see the module doc)."""
+    import torch
+    from torch._higher_order_ops.flex_attention import sdpa_dense_backward
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ..capture import _decomp_table
+    from ..lower import IR_TO_TORCH
+    node, low = ctx.node, ctx.low
+    gm = node.graph.owning_module
+    q, k, v, out, lse, dout, dlse = ctx.args[:7]
+    fw = getattr(gm, node.args[7].target)
+    joint = getattr(gm, node.args[8].target)
+    mask = getattr(gm, node.args[9][-1].target)
+    scale, options = ctx.args[10], dict(ctx.args[11] or {})
+    sbuf = list(ctx.args[12]) if len(ctx.args) > 12 else []
+    mbuf = list(ctx.args[13]) if len(ctx.args) > 13 else []
+    tensors = [x for x in (q, k, v, out, lse, dout, dlse) if x is not None] + sbuf + mbuf
+    if not all(isinstance(x, View) for x in tensors):
+        raise LoweringError("flex_attention_backward over a value that is not a tensor")
+    has = [x is not None for x in (dout, dlse)]
+
+    def ref(q, k, v, out, lse, *rest):
+        rest = list(rest)
+        dout = rest.pop(0) if has[0] else None
+        dlse = rest.pop(0) if has[1] else None
+        sb, mb = rest[:len(sbuf)], rest[len(sbuf):]
+        gq, gk, gv, gb = sdpa_dense_backward(q, k, v, out, lse, dout, dlse, fw, joint,
+                                             (mask,), float(scale), options, tuple(sb),
+                                             tuple(mb))
+        return gq, gk, gv, tuple(gb)
+
+    # fake CPU tensors, not meta ones: the reference makes its constants on its inputs'
+    # device (``torch.tensor(-inf, device=scores.device)``), and a meta constant has no value
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode:
+        fake = [torch.empty(x.shape, dtype=IR_TO_TORCH[low.tensors[x.base].dtype])
+                for x in tensors]
+    table = {op: fn for op, fn in _decomp_table().items()
+             if op is not torch.ops.aten._safe_softmax.default}
+    try:
+        traced = make_fx(torch.func.functionalize(ref, remove="mutations_and_views"),
+                         decomposition_table=table)(*fake)
+        _constants_as_nodes(traced)
+    except LoweringError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a score_mod's joint graph that does not batch
+        raise LoweringError(f"its dense backward does not trace over the grid: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    gq, gk, gv, gb = _lower_traced(ctx, traced, tensors)
+    ctx.bind([gq, gk, gv, tuple(gb)])
