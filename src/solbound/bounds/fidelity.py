@@ -115,6 +115,11 @@ def _fused(x: FidelityInput) -> ModeTraffic:
 @register("cache-aware", "the chip's on-chip capacity: the best fused, tiled schedule")
 def _cache_aware(x: FidelityInput) -> ModeTraffic:
     from ..analysis.cache import ProgramCache
+    if x.cache is None and not any(x.spec.onchip.get(v) for v in ("llc", "l2", "cmem", "vmem")):
+        # a chip whose vendor publishes no cache size (Apple's M series): no capacity to
+        # tile for, so the traffic is the fused one (an unbounded buffer: still a bound)
+        return ModeTraffic(x.counts.fused.bytes, f"{x.spec.id} publishes no on-chip capacity: "
+                                                 f"the fused traffic (an unbounded buffer)")
     cap = capacity_of(x.spec, x.cache)
     pcache = x.memo.get("program_cache")
     if pcache is None:

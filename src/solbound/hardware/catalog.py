@@ -333,10 +333,15 @@ def load_spec(arch: str) -> Spec:
 # match wins; a variant the catalog lacks (H100 NVL, A100 PCIe) matches nothing
 _DEVICE_NAMES = (
     (r"\bh100\b.*\bnvl\b", None), (r"\bh100\b.*\bpcie\b", "h100-pcie"), (r"\bh100\b", "h100-sxm"),
-    (r"\bh200\b.*\bnvl\b", None), (r"\bh200\b", "h200"), (r"\bb200\b", "b200"),
+    (r"\bh200\b.*\bnvl\b", "h200-nvl"), (r"\bh200\b", "h200"), (r"\bb200\b", "b200"),
+    (r"\bb300\b", "b300"), (r"\bh800\b", "h800"), (r"\bh20\b", "h20"),
     (r"\ba100\b.*\bsxm", "a100-sxm"), (r"\brtx a6000\b", "a6000"), (r"\brtx 4090\b", "rtx-4090"),
-    (r"\bl40s\b", "l40s"), (r"\bmi300x\b", "mi300x"), (r"\bthor\b", "jetson-thor"),
-    (r"\borin\b", "jetson-orin"),
+    (r"\brtx 5090\b", "rtx-5090"), (r"\brtx pro 6000\b", "rtx-pro-6000"),
+    (r"\bl40s\b", "l40s"), (r"\bl40\b", "l40"), (r"\bl4\b", "l4"), (r"\ba10\b", "a10"),
+    (r"\bt4\b", "t4"), (r"\bgb10\b", "gb10"),
+    (r"\bmi300x\b", "mi300x"), (r"\bmi325x\b", "mi325x"), (r"\bmi350x\b", "mi350x"),
+    (r"\bmi355x\b", "mi355x"), (r"\bthor\b", "jetson-thor"),
+    (r"\borin nano\b", "jetson-orin-nano"), (r"\borin\b", "jetson-orin"),
 )
 
 
@@ -344,8 +349,9 @@ def match_device(name: str) -> Spec | None:
     """The catalog entry for a device as CUDA names it, or ``None``.
 
     >>> [match_device(n).id for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe",
-    ...  "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "NVIDIA B200")]
-    ['h100-sxm', 'h100-pcie', 'h200', 'a100-sxm', 'rtx-4090', 'b200']
+    ...  "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "NVIDIA B200",
+    ...  "NVIDIA L4", "Tesla T4", "NVIDIA A10", "NVIDIA L40S", "NVIDIA H200 NVL")]
+    ['h100-sxm', 'h100-pcie', 'h200', 'a100-sxm', 'rtx-4090', 'b200', 'l4', 't4', 'a10', 'l40s', 'h200-nvl']
     >>> match_device("NVIDIA H100 NVL") is None, match_device("Tesla V100-SXM2-16GB") is None
     (True, True)
     """
