@@ -229,3 +229,4 @@ def test_a_training_step_through_flex_attention_is_exact_and_validates():
     assert rep.totals["macs"] == fwd + bwd
     assert not rep.to_dict()["unsupported"]
     assert rep.validation["status"] == "passed", rep.validation.get("reason")
+

@@ -574,6 +574,16 @@ case("flex_attention", _flex, [((2, 4, 40, 8), (2, 4, 40, 8), (2, 4, 40, 8)),
      {"bias": nn.Parameter(torch.randn(4))})
 
 
+def _masked_scatter(s, x, src):
+    """A VLM's features put at its image tokens: rows where a condition holds take the
+    source's rows in order (``masked_scatter``: a running count and a gather)."""
+    mask = (x[..., :1] > 0).expand_as(x)
+    return x.masked_scatter(mask, src) * 2
+
+
+case("masked_scatter", _masked_scatter, [((3, 5, 4), (60,)), ((2, 7), (14,))])
+
+
 def make_inputs(shapes, make):
     return [make(s) if make else torch.randn(*s) for s in shapes]
 

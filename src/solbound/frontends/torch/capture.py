@@ -722,6 +722,25 @@ EXTRA_DECOMPOSITIONS = ("upsample_nearest2d.vec", "upsample_nearest2d.default",
 _TABLE: dict = {}
 
 
+def _masked_scatter(self, mask, source):
+    """``self.masked_scatter(mask, source)`` (a VLM's image features put at its image
+    tokens): position ``p`` where the mask holds takes ``source``'s element number
+    ``count(mask before p)``, in row-major order; the rest keep ``self``. As a running
+    count (a scan) and a gather, which the IR expresses; PyTorch has no decomposition."""
+    import torch
+    m = mask.expand_as(self).reshape(-1)
+    idx = (torch.cumsum(m.to(torch.int64), 0) - 1).clamp(min=0)
+    flat = source.reshape(-1)
+    idx = idx.clamp(max=max(flat.numel() - 1, 0))
+    return torch.where(m, flat[idx], self.reshape(-1)).view(self.shape)
+
+
+def _is_all_true(x):
+    """``_is_all_true`` (the check ``torch.all`` makes before an assertion): ``all``."""
+    import torch
+    return torch.all(x)
+
+
 def _repeat_interleave_indices(repeats, output_size=None):
     """``repeat_interleave(repeats, output_size=N)`` (the index form that
     ``x.repeat_interleave(counts)`` decomposes to: ``j`` repeated ``repeats[j]`` times) as
@@ -759,6 +778,8 @@ def _decomp_table():
             if op in decomposition_table:
                 table[op] = decomposition_table[op]
         table[torch.ops.aten.repeat_interleave.Tensor] = _repeat_interleave_indices
+        table[torch.ops.aten.masked_scatter.default] = _masked_scatter
+        table[torch.ops.aten._is_all_true.default] = _is_all_true
         _TABLE.update(key=key, table=dict(table.items()))
     _cache_cia_ops()
     _override_only_what_changes()

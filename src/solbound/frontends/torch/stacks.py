@@ -118,7 +118,13 @@ def _configs(model) -> list:
 def truncated(model, stacks: list[Stack]):
     """Each stack holds its first two periods inside the block; a config's layer count
     equal to a stack's length, and its per-layer lists, follow (a model may size its cache
-    or slice its layers by them). Everything is put back afterwards."""
+    or slice its layers by them). Everything is put back afterwards.
+
+    transformers records per-layer outputs (``output_hidden_states``, a VLM's vision
+    feature layer) with hooks it installs once, on the layers present at the first call:
+    they are installed on the whole model first, or the layers held outside during this
+    trace would never record again (LLaVA's vision tower then returned no hidden states)."""
+    _install_output_hooks(model)
     saved = []
     try:
         for s in stacks:
@@ -142,6 +148,21 @@ def truncated(model, stacks: list[Stack]):
                 obj._modules = v
             else:
                 setattr(obj, k, v)
+
+
+def _install_output_hooks(model) -> None:
+    """transformers' output-capturing hooks on every layer of ``model`` (see
+    :func:`truncated`); nothing for other models or older releases."""
+    try:
+        from transformers.utils.output_capturing import maybe_install_capturing_hooks
+    except ImportError:
+        return
+    for m in model.modules():
+        if getattr(m, "_can_record_outputs", None) and hasattr(m, "config"):
+            try:
+                maybe_install_capturing_hooks(m)
+            except Exception:  # noqa: BLE001 - a model transformers cannot hook: as before
+                pass
 
 
 def _layer_of(name: str, path: str) -> int | None:
