@@ -215,7 +215,12 @@ def cmd_analyze(a) -> int:
     elif not a.quiet:
         rep.render(top=a.top, format=a.format)
         if a.by_module is not None:
-            rep.render_modules(a.by_module or None)
+            if a.format == "table":
+                rep.render_modules(a.by_module or None)
+            else:
+                from .report.tables import csv_text, markdown
+                t = rep.module_table(a.by_module or None)
+                sys.stdout.write(("\n" + csv_text([t])) if a.format == "csv" else markdown([t]))
     else:
         print(rep.summary_line())
     if a.validate and rep.validation.get("status") == "failed":

@@ -116,20 +116,24 @@ class Report:
             r["bytes_unfused"] += g.traffic.bytes
         return sorted(rows.values(), key=lambda r: (-r["seconds"], r["module"]))
 
-    def render_modules(self, depth: int | None = None, console=None) -> None:
-        from rich.markup import escape as e
-        from rich.table import Table
-
-        from .tables import console as make_console
-        console = console or make_console()
+    def module_table(self, depth: int | None = None):
+        """The per-module roll-up as a ``report/tables.py`` table."""
+        from .tables import Table
         arch = self.specs[0].id if self.specs else "-"
-        t = Table(title=f"Per module (depth {depth or 'full'}), unfused time on {arch}")
-        for col in ("module", "operators", "time", "MACs", "FLOPs", "bytes"):
-            t.add_column(col, justify="left" if col == "module" else "right")
-        for r in self.by_module(depth):
-            t.add_row(e(r["module"]), str(r["operators"]), _t(r["seconds"]), _si(r["macs"]),
-                      _si(r["flops"]), _si(r["bytes_unfused"]) + "B")
-        console.print(t)
+        rows = self.by_module(depth)
+        return Table(f"Per module (depth {depth or 'full'}), unfused time on {arch}",
+                     ["module", "operators", "time", "MACs", "FLOPs", "bytes"],
+                     [[r["module"], str(r["operators"]), _t(r["seconds"]), _si(r["macs"]),
+                       _si(r["flops"]), _si(r["bytes_unfused"]) + "B"] for r in rows],
+                     left={0},
+                     raw_columns=["module", "operators", "time (s)", "MACs", "FLOPs",
+                                  "bytes (B)"],
+                     raw_rows=[[r["module"], r["operators"], r["seconds"], r["macs"],
+                                r["flops"], r["bytes_unfused"]] for r in rows])
+
+    def render_modules(self, depth: int | None = None, console=None) -> None:
+        from .tables import console as make_console, rich_table
+        (console or make_console()).print(rich_table(self.module_table(depth)))
 
     def summary_line(self) -> str:
         """One line: operators, MACs, fused bytes, each chip's fused bound and what binds."""
