@@ -230,3 +230,56 @@ def test_a_training_step_through_flex_attention_is_exact_and_validates():
     assert not rep.to_dict()["unsupported"]
     assert rep.validation["status"] == "passed", rep.validation.get("reason")
 
+
+
+class WithLse(torch.nn.Module):
+    """No block mask (every pair kept), the log-sum-exp returned too."""
+
+    def forward(self, q, k, v):
+        o, lse = flex_attention(q, k, v, return_lse=True)
+        return o * 2, lse
+
+
+class Shorter(torch.nn.Module):
+    """8 queries over 200 keys, each query q seeing keys up to q + 100."""
+
+    def forward(self, q, k, v):
+        bm = create_block_mask(lambda b, h, qi, ki: ki <= qi + 100, None, None, q.shape[2],
+                               k.shape[2], device=q.device)
+        return flex_attention(q, k, v, block_mask=bm)
+
+
+def test_no_block_mask_with_its_log_sum_exp_and_fewer_queries_than_keys():
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 64, D)
+    rep = solbound.analyze(WithLse(), (q, q, q), validate=True)
+    assert rep.totals["macs"] == 2 * 2 * D * 64 * 64
+    assert rep.validation["status"] == "passed"
+    q8, kv = torch.randn(1, 2, 8, D), torch.randn(1, 2, 200, D)
+    rep = solbound.analyze(Shorter(), (q8, kv, kv), validate=True)
+    assert rep.totals["macs"] == 2 * 2 * D * sum(101 + i for i in range(8))
+    assert rep.validation["status"] == "passed"
+
+
+class LearnedBias(torch.nn.Module):
+    """A score_mod reading a trained per-head bias: its gradient is not lowered yet."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Linear(D, 3 * D)
+        self.bias = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        q, k, v = self.w(x).view(x.shape[0], x.shape[1], 3, 4, D // 4).permute(2, 0, 3, 1, 4)
+        b = self.bias
+        return flex_attention(q, k, v, score_mod=lambda s, bb, h, qi, ki: s + b[h]).pow(2).mean()
+
+
+def test_a_trained_score_mod_tensor_is_named_and_the_step_not_called_failed():
+    """Its gradient is named unsupported with the reason; the step's validation is skipped
+    (it said failed: the IR ran the unsupported operator's stand-in)."""
+    rep = solbound.analyze(LearnedBias(), (torch.randn(2, 32, D),), train=True, validate=True)
+    why = [u["reason"] for u in rep.to_dict()["unsupported"]
+           if u["operator"] == "flex_attention_backward"]
+    assert why and "trained" in why[0]
+    assert rep.validation["status"] == "skipped"

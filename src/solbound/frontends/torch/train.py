@@ -840,6 +840,12 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     from .reference import (HarnessError, _build_real, _feeds, _is_abstract, _on_meta,
                             _real_value, _to_np, first_divergence, made_once, replay_draws)
     t0 = time.perf_counter()
+    if rep.unsupported:
+        # an operator the IR does not compute cannot be run: not a failure of the IR
+        names = sorted({u.operator for u in rep.unsupported})
+        return {"status": "skipped", "seconds": 0.0,
+                "reason": f"unsupported operators ({', '.join(names)}): the IR does not compute "
+                          f"the whole step, so there is nothing whole to compare"}
     max_bytes = max_bytes or DEFAULT_MAX_BYTES
     max_seconds = max_seconds or DEFAULT_MAX_SECONDS
     info = getattr(rep, "train", None) or {}

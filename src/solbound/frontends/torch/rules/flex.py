@@ -95,15 +95,15 @@ def flex_attention(ctx: OpCtx) -> None:
     mask_mod = getattr(gm, block_mask[-1].target)
     vals = node.meta["val"]
 
-    def meta(x: View):
-        from ..lower import IR_TO_TORCH
-        return torch.empty(x.shape, dtype=IR_TO_TORCH[low.tensors[x.base].dtype],
-                           device="meta")
     table = {op: fn for op, fn in _decomp_table().items()
              if op is not torch.ops.aten._safe_softmax.default}
     try:
         traced = make_fx(_reference(score_mod, mask_mod, float(scale), len(sbuf), None),
-                         decomposition_table=table)(*(meta(x) for x in (q, k, v, *sbuf, *mbuf)))
+                         decomposition_table=table, tracing_mode="fake")(
+            *_fakes(low, (q, k, v, *sbuf, *mbuf)))
+        _constants_as_nodes(traced)
+    except LoweringError:
+        raise
     except Exception as e:  # noqa: BLE001 - a score_mod or mask_mod vmap cannot batch
         raise LoweringError(f"its score_mod or mask_mod does not trace over the grid: "
                             f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
@@ -113,18 +113,7 @@ def flex_attention(ctx: OpCtx) -> None:
                 and want.numel():
             raise LoweringError(f"internal: flex_attention output {i} of shape "
                                 f"{tuple(have.shape)}, expected {tuple(want.shape)}")
-    group = low._cur_group
-    places = [n for n in traced.graph.nodes if n.op == "placeholder"]
-    for p, x in zip(places, (q, k, v, *sbuf, *mbuf)):
-        low.env[p] = x
-    for n in traced.graph.nodes:
-        if n.op == "call_function":
-            n.meta[GROUP_KEY] = group
-            low.lower_node(n)
-        elif n.op == "get_attr":
-            raise LoweringError("internal: a constant in flex_attention's reference")
-    low._cur_group = group
-    outs = [low.env[n] for n in traced.graph.output_node().args[0]]
+    outs = list(_lower_traced(ctx, traced, (q, k, v, *sbuf, *mbuf)))
     tables = [t for t in ctx.args[4][2:6] if isinstance(t, View)]
     if tables:
         outs[0] = _blocks(ctx, outs[0], tables)
@@ -132,6 +121,21 @@ def flex_attention(ctx: OpCtx) -> None:
         if want is not None and not want.numel():
             outs[i] = ctx.output(i)
     ctx.bind(outs)
+
+
+def _fakes(low, views) -> list:
+    """Fake CPU tensors of the views' shapes and dtypes to trace a reference on: not meta
+    ones, since the reference and the program's graphs make constants on their inputs'
+    device or on the CPU (``torch.tensor(-inf, device=scores.device)``, a mask_mod's
+    ``torch.ones(())``), and a meta constant has no value while a CPU one beside meta
+    inputs is refused."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..lower import IR_TO_TORCH
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        return [torch.empty(x.shape, dtype=IR_TO_TORCH[low.tensors[x.base].dtype])
+                for x in views]
 
 
 def _constants_as_nodes(gm) -> None:
@@ -203,7 +207,6 @@ def flex_attention_backward(ctx: OpCtx) -> None:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from ..capture import _decomp_table
-    from ..lower import IR_TO_TORCH
     node, low = ctx.node, ctx.low
     gm = node.graph.owning_module
     q, k, v, out, lse, dout, dlse = ctx.args[:7]
@@ -217,6 +220,12 @@ def flex_attention_backward(ctx: OpCtx) -> None:
     if not all(isinstance(x, View) for x in tensors):
         raise LoweringError("flex_attention_backward over a value that is not a tensor")
     has = [x is not None for x in (dout, dlse)]
+    want = list(node.meta["val"][3]) if len(node.meta["val"]) > 3 else []
+    if any(g is not None for g in want):
+        # PyTorch's dense backward computes a captured tensor's gradient only for one that
+        # requires gradients, which a traced function cannot ask for
+        raise LoweringError("a score_mod whose captured tensors are trained (a learned "
+                            "bias): their gradient is not lowered yet")
 
     def ref(q, k, v, out, lse, *rest):
         rest = list(rest)
@@ -228,18 +237,11 @@ def flex_attention_backward(ctx: OpCtx) -> None:
                                              tuple(mb))
         return gq, gk, gv, tuple(gb)
 
-    # fake CPU tensors, not meta ones: the reference makes its constants on its inputs'
-    # device (``torch.tensor(-inf, device=scores.device)``), and a meta constant has no value
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode:
-        fake = [torch.empty(x.shape, dtype=IR_TO_TORCH[low.tensors[x.base].dtype])
-                for x in tensors]
     table = {op: fn for op, fn in _decomp_table().items()
              if op is not torch.ops.aten._safe_softmax.default}
     try:
         traced = make_fx(torch.func.functionalize(ref, remove="mutations_and_views"),
-                         decomposition_table=table)(*fake)
+                         decomposition_table=table, tracing_mode="fake")(*_fakes(low, tensors))
         _constants_as_nodes(traced)
     except LoweringError:
         raise
