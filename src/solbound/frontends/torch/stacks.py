@@ -211,6 +211,7 @@ def reroll_stacks(lowered, stacks: list[Stack]):
     if lowered.unsupported:
         raise RerollError("the program has unsupported operators")
     notes = []
+    look = getattr(lowered, "constant_value", None)
     for s in stacks:
         p = lowered.program
         owner: dict[int, int] = {}
@@ -228,7 +229,7 @@ def reroll_stacks(lowered, stacks: list[Stack]):
         copies = [list(range(first, first + n0)), list(range(first + n0, first + n0 + n1))]
         new, info = reroll(p, copies, trip=s.trip, var="layer")
         _chain(info, s)
-        lowered = _remap(lowered, new, info, s)
+        lowered = _remap(lowered, new, info, s, look)
         if s.tail:
             # the layers traced after the loop stand for the stack's last layers
             shift = s.length - s.traced
@@ -287,7 +288,24 @@ def _gather(p, owner: dict[int, int]):
     return p.__class__(p.tensors, tuple(ks[i] for i in order), p.notes)
 
 
-def _remap(lowered, program, info, s: Stack):
+def _equal_values(look, targets: list[str]) -> bool:
+    """The constants ``targets`` hold the same values (their real values, as validation
+    would read them, through ``look``; False when they cannot be read)."""
+    import torch
+    if look is None:
+        return False
+    try:
+        vals = [look(t) for t in targets]
+    except Exception:  # noqa: BLE001 - a value that cannot be read: not known equal
+        return False
+    from .reference import _is_abstract
+    if any(not isinstance(v, torch.Tensor) or _is_abstract(v) for v in vals):
+        return False
+    return all(v.shape == vals[0].shape and v.dtype == vals[0].dtype and torch.equal(v, vals[0])
+               for v in vals[1:])
+
+
+def _remap(lowered, program, info, s: Stack, look=None):
     """The frontend facts of ``lowered`` for the rerolled ``program``."""
     trip = info.trip
     tensors = program.tensor_map
@@ -305,8 +323,16 @@ def _remap(lowered, program, info, s: Stack):
             continue
         done.add(new)
         targets = [target_of[m] for m in info.stacked[new]]
-        state.append({"ir": new, "role": st["role"], "target": _advance(targets, trip),
-                      "stacked": True})
+        try:
+            every = _advance(targets, trip)
+        except RerollError:
+            # constants lifted with a running counter (a routing assumption's:
+            # ``...layers.0.mlp.gate.lifted_tensor_0``, ``...layers.1...lifted_tensor_18``)
+            # name no progression; equal in the traced layers, every layer takes theirs
+            if st["role"] not in ("constant", "assumed") or not _equal_values(look, targets):
+                raise
+            every = [targets[c % len(targets)] for c in range(trip)]
+        state.append({"ir": new, "role": st["role"], "target": every, "stacked": True})
     for t in info.removed:
         if any(st.get("ir") == t for st in state):
             raise RerollError(f"{t}: state the loop no longer holds")
@@ -437,6 +463,8 @@ def _traced(model, stacks: list[Stack], capture, lowering, fold, timings: dict,
         try:
             with truncated(model, stacks):
                 ep, low = trace()
+            from .reference import _state_value
+            low.constant_value = lambda t, ep=ep: _state_value(model, t, ep)
             return ep, fold(low, stacks)
         except RerollError as e:
             failure = str(e)
