@@ -20,10 +20,13 @@ solbound's MACs of contraction kernels; where they differ the difference is expl
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 
 def _flux():
@@ -100,15 +103,8 @@ def _llava():
     ids[0, 1:1 + n_img] = cfg.image_token_id
     pixels = torch.empty(1, 3, v.image_size, v.image_size, dtype=torch.bfloat16, device="meta")
 
-    class Prefill(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, pixel_values):
-            return self.m(input_ids=input_ids, pixel_values=pixel_values,
-                          use_cache=False).logits
-    prefill = Prefill()
+    from programs.hf import ImageTextLM
+    prefill = ImageTextLM(m)
     prefill.closed_form = _llava_closed(cfg, n_img, prompt)
     return prefill, (ids, pixels)
 

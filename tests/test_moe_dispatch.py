@@ -136,17 +136,10 @@ def test_an_eager_expert_loop_under_the_routing_assumption_is_rerolled_and_valid
                         num_key_value_heads=1, intermediate_size=64, vocab_size=64,
                         num_local_experts=4, num_experts_per_tok=2,
                         experts_implementation="eager")
+    from programs.hf import LM
     torch.manual_seed(0)
-    m = MixtralForCausalLM(cfg).eval()
-
-    class LM(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-
-        def forward(self, ids):
-            return self.m(input_ids=ids, use_cache=False).logits
-    rep = solbound.analyze(LM(), (torch.randint(0, 64, (1, 16)),), validate=True,
+    rep = solbound.analyze(LM(MixtralForCausalLM(cfg).eval()),
+                           (torch.randint(0, 64, (1, 16)),), validate=True,
                            keep_experts_dispatch=True)
     assert [r["trip"] for r in rep.to_dict()["rerolled"]] == [4]
     assert rep.validation["status"] == "passed"

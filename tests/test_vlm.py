@@ -2,6 +2,7 @@
 documentation calls it, traces, counts and validates."""
 
 import torch
+from programs.hf import ImageTextLM
 
 import solbound
 
@@ -26,14 +27,6 @@ def test_a_small_llava_traces_with_its_vision_feature_layer_and_validates():
     ids[0, 2:18] = 63                       # 16 image tokens: (28 / 7)^2 patches
     pixels = torch.randn(1, 3, 28, 28)
 
-    class Prefill(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, pixel_values):
-            return self.m(input_ids=input_ids, pixel_values=pixel_values,
-                          use_cache=False).logits
-    rep = solbound.analyze(Prefill(), (ids, pixels), validate=True)
+    rep = solbound.analyze(ImageTextLM(m), (ids, pixels), validate=True)
     assert not rep.to_dict()["unsupported"]
     assert rep.validation["status"] == "passed", rep.validation.get("reason")

@@ -215,12 +215,9 @@ def cmd_analyze(a) -> int:
     elif not a.quiet:
         rep.render(top=a.top, format=a.format)
         if a.by_module is not None:
-            if a.format == "table":
-                rep.render_modules(a.by_module or None)
-            else:
-                from .report.tables import csv_text, markdown
-                t = rep.module_table(a.by_module or None)
-                sys.stdout.write(("\n" + csv_text([t])) if a.format == "csv" else markdown([t]))
+            if a.format == "csv":
+                sys.stdout.write("\n")     # a CSV block after the report's own
+            rep.render_modules(a.by_module or None, format=a.format)
     else:
         print(rep.summary_line())
     if a.validate and rep.validation.get("status") == "failed":
@@ -598,7 +595,7 @@ def cmd_chips(a) -> int:
         specs = [load_spec(i) for i in ids]
     except (UnknownArch, ValueError) as e:
         return _err(str(e))
-    from .report.tables import Table, csv_text, markdown, rich_table
+    from .report.tables import Table, print_tables
     rows, raw = [], []
 
     def line(label, key, value_of, unit, scale, fmt="{:.4g}"):
@@ -623,12 +620,7 @@ def cmd_chips(a) -> int:
     t = Table("Chips side by side (* uncertain: see each chip file's note and source; peaks "
               "dense, at each chip's highest clock)", ["", *[s.id for s in specs]], rows,
               left={0}, raw_columns=["field", *[s.id for s in specs]], raw_rows=raw)
-    if a.format == "csv":
-        sys.stdout.write(csv_text([t]))
-    elif a.format == "markdown":
-        sys.stdout.write(markdown([t]))
-    else:
-        _console().print(rich_table(t))
+    print_tables([t], a.format)
     return 0
 
 
@@ -655,16 +647,8 @@ def cmd_diff(a) -> int:
         from .report.report import dumps
         _write(a.json, dumps(d, indent=1))
     if a.json != "-":
-        from .report.tables import csv_text, markdown, rich_table
-        ts = tables(d, a.top)
-        if a.format == "csv":
-            sys.stdout.write(csv_text(ts))
-        elif a.format == "markdown":
-            sys.stdout.write(markdown(ts))
-        else:
-            con = _console()
-            for t in ts:
-                con.print(rich_table(t))
+        from .report.tables import print_tables
+        print_tables(tables(d, a.top), a.format)
     if a.fail_above is not None:
         bad = regressions(d, a.fail_above, a.mode)
         if bad:

@@ -24,6 +24,18 @@ class LM(torch.nn.Module):
         return self.m(input_ids=ids, use_cache=False).logits
 
 
+class ImageTextLM(torch.nn.Module):
+    """A vision-language model's logits for ``input_ids`` (image tokens among them) and
+    ``pixel_values`` (prefill, no cache), called as its documentation calls it."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, pixel_values):
+        return self.m(input_ids=input_ids, pixel_values=pixel_values, use_cache=False).logits
+
+
 class Decode(torch.nn.Module):
     """One decode step of a transformers decoder against a cache of past positions (a
     DynamicCache filled from the inputs: the past keys and values are program inputs)."""

@@ -150,14 +150,9 @@ def rich_renderable(rep, top: int = 8):
     from rich.console import Group
     from rich.text import Text
 
-    from .report import _si
     from .tables import rich_table
-    pc = rep.counts
-    lines = [Text(f"solbound {rep.source}: {len(pc.groups)} operators, "
-                  f"{len(rep.program.kernels)} kernels"),
-             Text(f"  MACs {_si(pc.macs)}   FLOPs {_si(sum(pc.flops.values()))}   DRAM bytes "
-                  f"unfused {_si(pc.unfused.bytes)}B, fused {_si(pc.fused.bytes)}B")]
-    items = lines + [rich_table(t) for t in rep.tables(top)]
+    items = [Text.from_markup(line) for line in rep.header_lines()]
+    items += [rich_table(t) for t in rep.tables(top)]
     if rep.unsupported:
         items.append(Text(f"{len(rep.unsupported)} unsupported operator(s); their work is NOT "
                           f"counted", style="red"))

@@ -131,9 +131,10 @@ class Report:
                      raw_rows=[[r["module"], r["operators"], r["seconds"], r["macs"],
                                 r["flops"], r["bytes_unfused"]] for r in rows])
 
-    def render_modules(self, depth: int | None = None, console=None) -> None:
-        from .tables import console as make_console, rich_table
-        (console or make_console()).print(rich_table(self.module_table(depth)))
+    def render_modules(self, depth: int | None = None, console=None,
+                       format: str = "table") -> None:
+        from .tables import print_tables
+        print_tables([self.module_table(depth)], format, console)
 
     def summary_line(self) -> str:
         """One line: operators, MACs, fused bytes, each chip's fused bound and what binds."""
@@ -418,6 +419,19 @@ class Report:
         return "\n".join(lines)
 
     # --- terminal ---------------------------------------------------------------------
+    def header_lines(self) -> list[str]:
+        """The report's first lines (console markup): the program's size, its work and its
+        DRAM bytes."""
+        from rich.markup import escape as e
+        pc = self.counts
+        return [f"[bold]solbound[/bold] {e(self.source)}: {len(pc.groups)} operators, "
+                f"{len(self.program.kernels)} kernels",
+                f"  MACs {_si(pc.macs)}   FLOPs {_si(sum(pc.flops.values()))} "
+                f"(matrix {_si(pc.flops['matrix'])}, vector {_si(pc.flops['vector'])}, "
+                f"special {_si(pc.flops['special'])})",
+                f"  DRAM bytes: unfused {_si(pc.unfused.bytes)}B, fused {_si(pc.fused.bytes)}B"
+                f"   policy: {e(self.policy.describe())}"]
+
     def tables(self, top: int = 8) -> list:
         """The report's tables as plain data (``report/tables.py``): per phase of a
         training step, collectives, the speed-of-light bounds, the top operators."""
@@ -493,11 +507,11 @@ class Report:
         ``report/tables.py``; csv prints the tables alone)."""
         from rich.markup import escape as e
 
-        from .tables import console as make_console, csv_text, markdown, rich_table
+        from .tables import console as make_console, print_tables
         console = console or make_console()
         tables = self.tables(top)
         if format == "csv":
-            console.file.write(csv_text(tables))
+            print_tables(tables, format, console)
             return
         if format == "markdown":
             # plain text: nothing is markup
@@ -506,19 +520,13 @@ class Report:
         else:
             def say(text: str) -> None:
                 console.print(text)
-        pc = self.counts
-        say(f"[bold]solbound[/bold] {e(self.source)}: {len(pc.groups)} operators, "
-            f"{len(self.program.kernels)} kernels")
-        say(f"  MACs {_si(pc.macs)}   FLOPs {_si(sum(pc.flops.values()))} "
-            f"(matrix {_si(pc.flops['matrix'])}, vector {_si(pc.flops['vector'])}, "
-            f"special {_si(pc.flops['special'])})")
-        say(f"  DRAM bytes: unfused {_si(pc.unfused.bytes)}B, fused {_si(pc.fused.bytes)}B"
-            f"   policy: {e(self.policy.describe())}")
+        for line in self.header_lines():
+            say(line)
         if format == "markdown":
-            console.file.write("\n" + markdown(tables) + "\n")
-        else:
-            for t in tables:
-                console.print(rich_table(t))
+            console.file.write("\n")
+        print_tables(tables, format, console)
+        if format == "markdown":
+            console.file.write("\n")
         tr = self.training
         if tr is not None:
             m = tr["memory"]

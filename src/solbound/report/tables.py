@@ -63,6 +63,19 @@ def rich_table(t: Table):
     return rt
 
 
+def print_tables(tables: list[Table], format: str = "table", console=None) -> None:
+    """Print ``tables`` in ``format`` (``FORMATS``) to ``console`` (default
+    :func:`console`, standard output)."""
+    con = console or globals()["console"]()
+    if format == "csv":
+        con.file.write(csv_text(tables))
+    elif format == "markdown":
+        con.file.write(markdown(tables))
+    else:
+        for t in tables:
+            con.print(rich_table(t))
+
+
 def _md_cell(x) -> str:
     return str(x).replace("|", "\\|").replace("\n", " ")
 

@@ -498,7 +498,7 @@ def _export(model, args, source, keep_experts, routing, home, state, select_frac
             # torch prints the partial graph of a failed trace to stderr: the user gets
             # one line from us instead
             with warnings.catch_warnings(), _fast_recurrent_shapes(), _quiet_torch_logs(), \
-                    _flex_on_meta(), contextlib.redirect_stderr(io.StringIO()), \
+                    _flex_device_check_lifted(), contextlib.redirect_stderr(io.StringIO()), \
                     (torch.device(home) if home is not None else contextlib.nullcontext()), \
                     _traceable_experts(model, not keep_experts) as experts, \
                     (mode if mode is not None else contextlib.nullcontext()), \
@@ -897,10 +897,12 @@ def _override_only_what_changes() -> None:
 
 
 @contextlib.contextmanager
-def _flex_on_meta(cpu_backward: bool = False):
-    """While tracing, let FlexAttention take meta tensors: ``flex_attention`` checks its
-    inputs' device in Python ("only supported on CUDA, CPU, HPU, or MPS devices") before
-    it dispatches; its operator traces on meta tensors as on fake ones. Restored on exit."""
+def _flex_device_check_lifted(cpu_backward: bool = False):
+    """FlexAttention's Python device check lifted: ``flex_attention`` refuses meta inputs
+    ("only supported on CUDA, CPU, HPU, or MPS devices") and a CPU backward before it
+    dispatches. While tracing (meta or fake inputs) nothing runs, so the check is skipped;
+    with ``cpu_backward`` (a training step's reference run) the CPU backward runs PyTorch's
+    dense reference. Restored on exit."""
     try:
         import torch.nn.attention.flex_attention as fa
     except ImportError:

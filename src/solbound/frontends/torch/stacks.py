@@ -203,15 +203,16 @@ def _advance(names: list[str], n: int) -> list[str]:
     return ["".join(a[:i] + [str(start + c * step)] + a[i + 1:]) for c in range(n)]
 
 
-def reroll_stacks(lowered, stacks: list[Stack]):
+def reroll_stacks(lowered, stacks: list[Stack], look=None):
     """``lowered`` (traced with ``truncated``) with each stack's two traced periods folded
-    into one loop of ``length / period`` iterations. Raises ``RerollError``."""
+    into one loop of ``length / period`` iterations. Raises ``RerollError``.
+    ``look(target)``: a constant's real value (per-layer constants lifted with a running
+    counter are taken for every layer when the traced layers' values are equal)."""
     if lowered.random_draws:
         raise RerollError("the program draws random numbers (each layer's draws differ)")
     if lowered.unsupported:
         raise RerollError("the program has unsupported operators")
     notes = []
-    look = getattr(lowered, "constant_value", None)
     for s in stacks:
         p = lowered.program
         owner: dict[int, int] = {}
@@ -442,7 +443,8 @@ def _remap(lowered, program, info, s: Stack, look=None):
 def _traced(model, stacks: list[Stack], capture, lowering, fold, timings: dict,
             retry: bool):
     """``lowering(capture())`` (the export of ``model``, then its IR) with each stack held to
-    its traced layers and ``fold``ed into loops; when that fails, the whole model's, with a
+    its traced layers and ``fold``ed into loops (``fold(lowered, stacks, look)``, ``look``
+    a constant's real value by target); when that fails, the whole model's, with a
     note naming why. ``timings["export_s"]``: the seconds spent in ``capture``. ``retry``: a first layer that reads a program input or a last layer
     whose value is returned is traced outside the loop, and the others rerolled."""
     import time
@@ -464,8 +466,7 @@ def _traced(model, stacks: list[Stack], capture, lowering, fold, timings: dict,
             with truncated(model, stacks):
                 ep, low = trace()
             from .reference import _state_value
-            low.constant_value = lambda t, ep=ep: _state_value(model, t, ep)
-            return ep, fold(low, stacks)
+            return ep, fold(low, stacks, lambda t, ep=ep: _state_value(model, t, ep))
         except RerollError as e:
             failure = str(e)
             grow = {"carry-in": "lead", "carry-out": "tail"}.get(e.kind) if retry else None
@@ -634,7 +635,7 @@ def export_and_lower_step(model, inputs: tuple, source: str, *, user_files=(),
     ep, low = _traced(model, stacks if len(stacks) == 1 else [],
                       lambda: export_train_step(model, inputs, source, **step_kw),
                       _lowering(model, inputs, user_files),
-                      lambda low, stacks: reroll_step(low, stacks[0]),
+                      lambda low, stacks, look: reroll_step(low, stacks[0]),
                       {} if timings is None else timings, retry=False)
     if len(stacks) > 1:
         _noted(low, f"{', '.join(s.path for s in stacks)}: repeated layers of the step not "

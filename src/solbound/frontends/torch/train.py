@@ -871,11 +871,11 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
     inputs = tuple(inputs)
     torch.manual_seed(seed)
     model.train()
-    from .capture import _flex_on_meta
+    from .capture import _flex_device_check_lifted
     try:
         opt = _real_optimizer(model, info)
         # step one, for real: the optimizer's state exists afterwards
-        with _flex_on_meta(cpu_backward=True):
+        with _flex_device_check_lifted(cpu_backward=True):
             loss = loss_of(model(*inputs))
             if loss is None:
                 raise HarnessError("the forward returned no scalar loss on real inputs")
@@ -940,7 +940,7 @@ def validate_step(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
         ref_params = dict(ref_model.named_parameters())
         ref_buffers = dict(ref_model.named_buffers())
         try:
-            with _flex_on_meta(cpu_backward=True):
+            with _flex_device_check_lifted(cpu_backward=True):
                 loss = loss_of(ref_model(*inputs))
                 loss.backward()
             grads_ref = {n: _to_np(p.grad) for n, p in ref_params.items() if p.grad is not None}

@@ -33,7 +33,7 @@ import math
 from ..lower import GROUP_KEY, LoweringError, OpCtx, View, rule
 
 
-def _reference(score_mod, mask_mod, scale: float, n_score: int, shapes):
+def _reference(score_mod, mask_mod, scale: float, n_score: int):
     """PyTorch's ``math_attention`` (``torch/_higher_order_ops/flex_attention.py``) for
     these graphs: ``(out, logsumexp / ln 2, max / ln 2)``, the statistics in base 2 as
     the operator returns them."""
@@ -98,7 +98,7 @@ def flex_attention(ctx: OpCtx) -> None:
     table = {op: fn for op, fn in _decomp_table().items()
              if op is not torch.ops.aten._safe_softmax.default}
     try:
-        traced = make_fx(_reference(score_mod, mask_mod, float(scale), len(sbuf), None),
+        traced = make_fx(_reference(score_mod, mask_mod, float(scale), len(sbuf)),
                          decomposition_table=table, tracing_mode="fake")(
             *_fakes(low, (q, k, v, *sbuf, *mbuf)))
         _constants_as_nodes(traced)
