@@ -222,6 +222,29 @@ def _split_special(special, spec: Spec, per_pipe, peaks, per_unit, notes, emulat
             emulated[f] = emulated.get(f, 0.0) + n
 
 
+def work_bound(work: dict[str, float], special: dict[str, float], nbytes: int, flops: int,
+               spec: Spec, mode: str, explanation: str = "") -> Bound:
+    """The roofline of some work per pipe (``special``: its SFU ops by function) and
+    ``nbytes`` of DRAM traffic on ``spec``: what :func:`program_bounds` computes for one
+    fidelity, for callers that sum work themselves (a serving step composed of sequences).
+
+    >>> from solbound.hardware.catalog import load_spec
+    >>> b = work_bound({"tensor_bf16": 989.4e12}, {}, 0, 989_400_000_000_000,
+    ...                load_spec("h100-sxm"), "fused")
+    >>> round(b.seconds, 6), b.bound
+    (1.0, 'compute')
+    """
+    notes: list[str] = [spec.clock_note()] if spec.clock_note() else []
+    emulated: dict[str, float] = {}
+    t_c, per_pipe, peaks, per_unit = _compute(work, spec, notes, special, emulated)
+    t_m = nbytes / spec.bandwidth
+    b = Bound(spec.id, mode, max(t_c, t_m), t_c, t_m, "compute" if t_c >= t_m else "memory",
+              nbytes, flops, flops / nbytes if nbytes else float("inf"), per_pipe, peaks,
+              spec.bandwidth, notes, None, per_unit, None, explanation)
+    b.emulated = emulated
+    return b
+
+
 def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
                    cache=None, memo: dict | None = None, modes=None) -> list[Bound]:
     """One bound per fidelity (``bounds/fidelity.py``; ``modes``: only those); a fidelity

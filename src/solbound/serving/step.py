@@ -1,0 +1,703 @@
+"""One engine step: a batch of sequences, each ``new`` tokens against ``ctx`` cached ones.
+
+The step program is the model's own forward for each sequence against its own cache (the
+transformers cache class the model's config asks for: full layers keep every row, window
+layers their last ``window - 1``), logits for each sequence's last token only
+(``logits_to_keep=1``), the weights shared by all sequences. :meth:`StepModel.trace`
+traces exactly that program for one composition; its fused bound is the step's speed of
+light (an engine runs the token-wise operators on the packed tokens, which moves the same
+bytes and does the same work once the buffer is unbounded; attention is per sequence).
+
+Tracing every composition costs seconds; a scheduler asks every step. So the counts are
+read once per *region* of ``(new, ctx)`` and then evaluated in closed form:
+
+* A sequence's work and traffic are the counts of loop nests whose extents and guard
+  constants are affine in ``new`` and ``ctx`` (projections over ``new`` rows, attention
+  over ``ctx + new`` keys under the causal or window mask, cache rows read and written).
+  Such counts are piecewise polynomials in ``(new, ctx)`` (Ehrhart): within one region,
+  where no comparison in the masks or the cache's truncation changes sides, each is one
+  polynomial, of degree 2 for these programs (pairs of query and key positions).
+* The regions: a prefill (``ctx = 0``), a decode (``new = 1``), an extend (both), and for
+  each attention window ``w`` the cache's ``min(ctx, w - 1)`` rows and the mask's
+  ``min(p + 1, w)`` keys per query: ``ctx + new <= w``, across it, or ``ctx >= w - 1``.
+* In each region the polynomial's coefficients are solved exactly (rationals) from traces
+  of the model at as many points as it has monomials, and checked at another traced point
+  before use: a model whose counts are not of that form (a chunked attention, a degree the
+  region does not have) is refused with the component that disagreed, never fitted.
+* A step is the sum over its sequences, minus the tensors every sequence reads whole (the
+  weights, read once per step under the fused bound), counted once.
+
+:class:`StepModel` keeps the solved coefficients; ``bound`` evaluates them (microseconds
+per sequence) and puts the sums on the roofline (``bounds.roofline.work_bound``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Iterable
+
+from ..bounds.roofline import Bound, Policy, work_bound, work_of
+from ..hardware.catalog import Spec
+from ..pipeline import specs_of
+
+
+class StepError(ValueError):
+    """A step the model cannot run, or a model without what a step needs (one line)."""
+
+
+@dataclass(frozen=True)
+class Seq:
+    """One sequence of a step: ``new`` tokens computed, ``ctx`` tokens already cached."""
+    new: int
+    ctx: int
+
+    def __str__(self) -> str:
+        return f"{self.new}@{self.ctx}"
+
+
+_ITEM = re.compile(r"^(\d+)@(\d+)(?:x(\d+))?$")
+
+
+def parse_seqs(text: str) -> list[Seq]:
+    """A step's sequences from ``NEW@CTX`` items, ``NEW@CTXxCOUNT`` for ``COUNT`` alike.
+
+    >>> [str(s) for s in parse_seqs("512@0,1@4095x2")]
+    ['512@0', '1@4095', '1@4095']
+    >>> parse_seqs("512@0,1@")
+    Traceback (most recent call last):
+    ...
+    solbound.serving.step.StepError: --seqs item '1@': expected NEW@CTX or NEW@CTXxCOUNT (e.g. 512@0 or 1@4095x63)
+    """
+    out: list[Seq] = []
+    for item in (t.strip() for t in str(text).split(",")):
+        m = _ITEM.match(item)
+        if not m:
+            raise StepError(f"--seqs item {item!r}: expected NEW@CTX or NEW@CTXxCOUNT "
+                            f"(e.g. 512@0 or 1@4095x63)")
+        new, ctx, count = int(m[1]), int(m[2]), int(m[3] or 1)
+        if new < 1:
+            raise StepError(f"--seqs item {item!r}: a sequence in a step computes at least "
+                            f"one new token")
+        if count < 1:
+            raise StepError(f"--seqs item {item!r}: COUNT must be at least 1")
+        out += [Seq(new, ctx)] * count
+    return out
+
+
+def as_seqs(seqs) -> list[Seq]:
+    """``seqs`` as a list of :class:`Seq`: a ``--seqs`` string, ``Seq``s or ``(new, ctx)``
+    pairs."""
+    if isinstance(seqs, str):
+        return parse_seqs(seqs)
+    out = []
+    for s in seqs:
+        s = s if isinstance(s, Seq) else Seq(*map(int, s))
+        if s.new < 1 or s.ctx < 0:
+            raise StepError(f"sequence {s}: needs new >= 1 and ctx >= 0")
+        out.append(s)
+    if not out:
+        raise StepError("a step needs at least one sequence")
+    return out
+
+
+# ---------------------------------------------------------------------------- regions
+
+def region_of(new: int, ctx: int, windows: tuple[int, ...]) -> tuple:
+    """The region of ``(new, ctx)``: its kind and, per window, which side of the window the
+    cache and the mask are on.
+
+    >>> region_of(512, 0, (4096,)), region_of(1, 5000, (4096,)), region_of(100, 4000, (4096,))
+    (('prefill', ('within',)), ('decode', ('past',)), ('extend', ('across',)))
+    """
+    kind = "prefill" if ctx == 0 else "decode" if new == 1 else "extend"
+    cuts = tuple("past" if ctx >= w - 1 and ctx > 0 else "within" if ctx + new <= w
+                 else "across" for w in windows)
+    return kind, cuts
+
+
+_MONOMIALS = {"prefill": ((0, 0), (1, 0), (2, 0)),
+              "decode": ((0, 0), (0, 1), (0, 2)),
+              "extend": ((0, 0), (1, 0), (0, 1), (2, 0), (1, 1), (0, 2))}
+
+
+def monomials(kind: str, new: int, ctx: int) -> list[int]:
+    """The region's monomials ``new**i * ctx**j`` at one point."""
+    return [new ** i * ctx ** j for i, j in _MONOMIALS[kind]]
+
+
+def _rank(rows: list[list[int]]) -> int:
+    """The rank of an integer matrix (exact)."""
+    a = [[Fraction(v) for v in r] for r in rows]
+    rank, cols = 0, len(a[0]) if a else 0
+    for col in range(cols):
+        piv = next((r for r in range(rank, len(a)) if a[r][col] != 0), None)
+        if piv is None:
+            continue
+        a[rank], a[piv] = a[piv], a[rank]
+        for r in range(rank + 1, len(a)):
+            f = a[r][col] / a[rank][col]
+            a[r] = [v - f * w for v, w in zip(a[r], a[rank])]
+        rank += 1
+    return rank
+
+
+def _solve(rows: list[list[int]], rhs: list[list[int]]) -> list[list[Fraction]] | None:
+    """Exact Gauss-Jordan: ``X`` with ``rows @ X = rhs`` (square), None when singular."""
+    n = len(rows)
+    a = [[Fraction(v) for v in r] + [Fraction(v) for v in b] for r, b in zip(rows, rhs)]
+    for col in range(n):
+        piv = next((r for r in range(col, n) if a[r][col] != 0), None)
+        if piv is None:
+            return None
+        a[col], a[piv] = a[piv], a[col]
+        p = a[col][col]
+        a[col] = [v / p for v in a[col]]
+        for r in range(n):
+            if r != col and a[r][col] != 0:
+                f = a[r][col]
+                a[r] = [v - f * w for v, w in zip(a[r], a[col])]
+    return [row[n:] for row in a]
+
+
+# ---------------------------------------------------------------------------- the model
+
+def cache_kw(model, cache) -> dict:
+    """The cache argument as ``model``'s forward names it: ``cache`` from transformers 5.25
+    on (``past_key_values`` is deprecated there, to be removed in 5.40), else
+    ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
+@dataclass(frozen=True)
+class CacheLayer:
+    """What one layer of the model's cache keeps per token: key and value rows of these
+    shapes (batch and sequence dims excluded) and dtypes; ``window``: the rows a window
+    layer keeps (``window - 1`` of them; None: every row)."""
+    kind: str
+    key: tuple[int, ...]
+    value: tuple[int, ...]
+    key_dtype: str
+    value_dtype: str
+    window: int | None = None
+
+    def bytes_per_token(self) -> int:
+        import math
+        from ..ir.model import DTYPE_BYTES
+        return (math.prod(self.key) * DTYPE_BYTES[self.key_dtype]
+                + math.prod(self.value) * DTYPE_BYTES[self.value_dtype])
+
+
+def _text_config(model):
+    cfg = model.config
+    return getattr(cfg, "get_text_config", lambda **_: cfg)(decoder=True)
+
+
+def cache_layout(model) -> list[CacheLayer]:
+    """The model's cache, layer by layer, as its own cache class builds it: a one-token
+    forward on meta tensors into a ``DynamicCache(config=...)``. Raises :class:`StepError`
+    for a model without a cache interface or with cache layers a step cannot yet read."""
+    import torch
+    try:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+    except ImportError as e:                      # pragma: no cover - transformers is a dependency
+        raise StepError(f"serving steps need transformers ({e})") from None
+    name = type(model).__name__
+    params = inspect.signature(model.forward).parameters
+    if getattr(model, "config", None) is None or not ({"cache", "past_key_values"} & set(params)):
+        raise StepError(f"{name} has no cache interface: a step needs a transformers causal "
+                        f"LM whose forward takes past_key_values (or cache)")
+    cache = DynamicCache(config=model.config)
+    unsupported = [(i, type(l).__name__) for i, l in enumerate(cache.layers)
+                   if type(l) not in (DynamicLayer, DynamicSlidingWindowLayer)]
+    if unsupported:
+        i, kind = unsupported[0]
+        raise StepError(f"{name}: cache layer {i} is a {kind} (state or quantized rows); a "
+                        f"step reads full and sliding-window key/value layers only so far")
+    ids = torch.zeros(1, 1, dtype=torch.long, device="meta")
+    with torch.device("meta"), torch.no_grad():
+        meta = _on_meta(model)
+        meta(input_ids=ids, **cache_kw(meta, cache), use_cache=True)
+    out = []
+    for layer in cache.layers:
+        k, v = layer.keys, layer.values
+        w = getattr(layer, "sliding_window", None)
+        out.append(CacheLayer("window" if w else "full", tuple(k.shape[1:2]) + tuple(k.shape[3:]),
+                              tuple(v.shape[1:2]) + tuple(v.shape[3:]),
+                              str(k.dtype).removeprefix("torch."),
+                              str(v.dtype).removeprefix("torch."), w))
+    return out
+
+
+def _on_meta(model):
+    """``model`` itself when its weights are on the meta device, else a meta copy (a
+    one-token forward to read the cache's shapes needs no values)."""
+    import copy
+    p = next(model.parameters(), None)
+    if p is None or p.device.type == "meta":
+        return model
+    return copy.deepcopy(model).to("meta")
+
+
+def _layer_stack(model, count: int):
+    """``(parent, attribute, ModuleList)`` of the model's decoder layers: the module list of
+    ``count`` layers (one per cache layer), the one named ``layers`` first; None if none."""
+    import torch
+    found = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == count and name:
+            parent_name, _, attr = name.rpartition(".")
+            found.append((not name.endswith("layers"), name.count("."),
+                          model.get_submodule(parent_name) if parent_name else model, attr, mod))
+    if not found:
+        return None
+    found.sort(key=lambda f: f[:2])
+    return found[0][2:]
+
+
+def _signature(layer, i: int, cfg, cache: CacheLayer) -> tuple:
+    """What makes two decoder layers count alike: their classes, parameter and buffer
+    shapes and dtypes, their layer type in the config and their cache layer."""
+    types = getattr(cfg, "layer_types", None)
+    return (tuple(type(m).__name__ for m in layer.modules()),
+            tuple((n, tuple(p.shape), str(p.dtype)) for n, p in layer.named_parameters()),
+            tuple((n, tuple(b.shape), str(b.dtype)) for n, b in layer.named_buffers()),
+            types[i] if types and i < len(types) else None, cache)
+
+
+class _keep_layers:
+    """Within the block, ``model`` runs only the decoder layers ``keep`` (None: all): the
+    layer list, the config's layer count and layer types, and each kept layer's
+    ``layer_idx`` (its cache slot) renumbered; all restored on exit."""
+
+    def __init__(self, model, stack, keep):
+        self.model, self.stack, self.keep = model, stack, keep
+
+    def __enter__(self):
+        if self.keep is None:
+            return self
+        import torch
+        parent, attr, layers = self.stack
+        cfgs = {id(c): c for c in (self.model.config, _text_config(self.model))}.values()
+        self.saved = [(parent, attr, layers)]
+        self.cfg_saved = [(c, c.num_hidden_layers, getattr(c, "layer_types", None))
+                          for c in cfgs]
+        self.idx_saved = []
+        setattr(parent, attr, torch.nn.ModuleList([layers[i] for i in self.keep]))
+        for c, _, types in self.cfg_saved:
+            c.num_hidden_layers = len(self.keep)
+            if types is not None:
+                c.layer_types = [types[i] for i in self.keep]
+        for j, i in enumerate(self.keep):
+            for m in layers[i].modules():
+                if isinstance(getattr(m, "layer_idx", None), int):
+                    self.idx_saved.append((m, m.layer_idx))
+                    m.layer_idx = j
+        return self
+
+    def __exit__(self, *exc):
+        if self.keep is None:
+            return False
+        parent, attr, layers = self.saved[0]
+        setattr(parent, attr, layers)
+        for c, n, types in self.cfg_saved:
+            c.num_hidden_layers = n
+            if types is not None:
+                c.layer_types = types
+        for m, i in self.idx_saved:
+            m.layer_idx = i
+        return False
+
+
+class _Sequences:
+    """Builds the step program of one composition: ``module`` runs the model for each
+    sequence against its own cache (filled from the inputs) and returns each sequence's
+    last-token logits; ``inputs`` are the token ids and cached keys and values."""
+
+    def __init__(self, model, layout: list[CacheLayer]):
+        self.model, self.layout = model, layout
+        self.keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+
+    def module(self, seqs: list[Seq]):
+        import torch
+        model, layout, keep = self.model, self.layout, self.keep
+
+        class Step(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = model
+
+            def forward(self, *flat):
+                from transformers import DynamicCache
+                outs, i = [], 0
+                for s in seqs:
+                    ids = flat[i]
+                    i += 1
+                    cache = DynamicCache(config=self.m.config)
+                    if s.ctx:
+                        for li in range(len(layout)):
+                            cache.update(flat[i], flat[i + 1], li)
+                            i += 2
+                    kw = {"logits_to_keep": 1} if keep else {}
+                    outs.append(self.m(input_ids=ids, **cache_kw(self.m, cache),
+                                       use_cache=True, **kw).logits)
+                return tuple(outs)
+
+        return Step()
+
+    def inputs(self, seqs: list[Seq], real: bool = False, seed: int = 0) -> list:
+        """Random token ids and cache rows with ``real``; else zeros on the model's device
+        (meta tensors for a model built on the meta device)."""
+        import torch
+        g = torch.Generator().manual_seed(seed)
+        vocab = _text_config(self.model).vocab_size
+        p = next(self.model.parameters(), None)
+        dev = "cpu" if real or p is None else p.device
+        flat = []
+        for s in seqs:
+            flat.append(torch.randint(0, vocab, (1, s.new), generator=g) if real else
+                        torch.zeros(1, s.new, dtype=torch.long, device=dev))
+            if s.ctx:
+                for L in self.layout:
+                    for shape, dt in ((L.key, L.key_dtype), (L.value, L.value_dtype)):
+                        full = (1, shape[0], s.ctx, *shape[1:])
+                        dtype = getattr(torch, dt)
+                        flat.append(torch.randn(full, generator=g).to(dtype) if real else
+                                    torch.zeros(full, dtype=dtype, device=dev))
+        return flat
+
+
+# ---------------------------------------------------------------------------- counts
+
+@dataclass
+class StepCounts:
+    """A step's totals: MACs, FLOPs per unit, fused DRAM bytes, and the work per pipe and
+    special functions the roofline takes (under the model's precision policy)."""
+    macs: int
+    flops: dict[str, int]
+    bytes: int
+    work: dict[str, int]
+    special: dict[str, int]
+    sequences: int
+    tokens: int
+    exact: bool = True
+
+    def to_dict(self) -> dict:
+        return {"macs": self.macs, "flops": sum(self.flops.values()),
+                "flops_by_unit": dict(self.flops), "bytes": {"fused": self.bytes},
+                "exact": self.exact, "sequences": self.sequences, "tokens": self.tokens}
+
+
+def _integral(x: float, what: str) -> int:
+    r = round(x)
+    if abs(x - r) > 1e-6 * max(1.0, abs(x)):
+        raise StepError(f"{what} is not a whole number of operations ({x})")
+    return int(r)
+
+
+def components(rep, policy: Policy) -> dict[str, int]:
+    """The additive quantities of one traced step (``Report``): ``macs``, ``flops:UNIT``,
+    ``work:PIPE``, ``special:FN``, fused ``bytes``, and ``shared``: the bytes of the
+    parameters, buffers and constants it reads whole (what a step of many sequences reads
+    once)."""
+    pc = rep.counts
+    if rep.lowered.unsupported:
+        ops = sorted({u if isinstance(u, str) else str(u) for u in rep.lowered.unsupported})
+        raise StepError(f"the step program has operators solbound does not lower: "
+                        f"{', '.join(ops[:5])}")
+    d = {"macs": pc.macs, "bytes": pc.fused.bytes}
+    d.update({f"flops:{k}": v for k, v in pc.flops.items() if v})
+    work, special = work_of(pc.kernels, policy)
+    d.update({f"work:{k}": _integral(v, f"work on {k}") for k, v in work.items() if v})
+    d.update({f"special:{k}": _integral(v, f"{k} ops") for k, v in special.items() if v})
+    tm = rep.program.tensor_map
+    d["shared"] = sum(b for t, b in pc.fused.reads.items()
+                      if tm[t].role in ("parameter", "buffer", "constant") and b == tm[t].nbytes)
+    return d
+
+
+@dataclass
+class Region:
+    """The solved polynomials of one region: ``coef[component]`` per monomial."""
+    key: tuple
+    points: list[tuple[int, int]]
+    coef: dict[str, list[Fraction]]
+    exact: bool = True
+    seconds: float = 0.0
+
+    def at(self, new: int, ctx: int) -> dict[str, Fraction]:
+        m = monomials(self.key[0], new, ctx)
+        return {c: sum(a * x for a, x in zip(cs, m)) for c, cs in self.coef.items()}
+
+
+@dataclass
+class StepModel:
+    """A model's engine steps, read once from its own code: ``bound(seqs, arch)`` is the
+    fused roofline of any composition of sequences, exact against :meth:`trace` of that
+    composition, in microseconds once the composition's regions are read.
+
+    ``model``: a transformers causal LM (weights real or on the meta device). The first
+    composition in a region traces the model at the region's points (a few seconds each
+    for a small model; ``progress`` prints them); ``warm(...)`` reads regions ahead."""
+    model: object
+    precision_policy: str | Policy | None = None
+    progress: bool = False
+    seed: int = 0
+    shallow: bool = True
+    layout: list[CacheLayer] = field(init=False)
+    windows: tuple[int, ...] = field(init=False)
+    regions: dict = field(init=False, default_factory=dict)
+    traces: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.layout = cache_layout(self.model)
+        self.windows = tuple(sorted({L.window for L in self.layout if L.window}))
+        self.policy = (self.precision_policy if isinstance(self.precision_policy, Policy)
+                       else Policy.parse(self.precision_policy))
+        self._build = _Sequences(self.model, self.layout)
+        cfg = _text_config(self.model)
+        self.max_positions = getattr(cfg, "max_position_embeddings", None)
+        self.name = type(self.model).__name__
+        self._stack = _layer_stack(self.model, len(self.layout))
+        self._signatures = ([_signature(layer, i, cfg, self.layout[i])
+                             for i, layer in enumerate(self._stack[2])]
+                            if self._stack else [])
+
+    # -- tracing ---------------------------------------------------------------
+
+    def program(self, seqs, real: bool = False):
+        """``(module, inputs)``: the step program of ``seqs`` (real random inputs with
+        ``real``, for validation; else meta tensors)."""
+        seqs = self.check(seqs)
+        return self._build.module(seqs), self._build.inputs(seqs, real=real, seed=self.seed)
+
+    def trace(self, seqs, arch=None, validate: bool = False, **options):
+        """The step program of ``seqs`` traced and analyzed directly (``solbound.analyze``):
+        what :meth:`counts` must equal."""
+        from ..api import analyze
+        real = validate and self._has_values()
+        module, inputs = self.program(seqs, real=real)
+        return analyze(module, inputs, arch=arch, precision_policy=self.policy,
+                       validate=validate, **options)
+
+    def _has_values(self) -> bool:
+        p = next(self.model.parameters(), None)
+        return p is not None and p.device.type != "meta"
+
+    def _probe(self, new: int, ctx: int) -> tuple[dict[str, int], bool]:
+        """The components of one sequence ``new@ctx`` at the model's full depth, from the
+        traces of shallow copies (:meth:`_depths`): the layers outside the stack once, each
+        kind of layer times its count."""
+        t = time.perf_counter()
+        total: dict[str, int] = {}
+        exact = True
+        for keep, weight in self._depths():
+            with _keep_layers(self.model, self._stack, keep):
+                self._build.layout = [self.layout[i] for i in keep] if keep is not None \
+                    else self.layout
+                try:
+                    rep = self.trace([Seq(new, ctx)], arch="h100-sxm", modes=("fused",))
+                finally:
+                    self._build.layout = self.layout
+            self.traces += 1
+            exact &= rep.counts.fused.exact
+            for c, v in components(rep, self.policy).items():
+                total[c] = total.get(c, 0) + weight * v
+        if self.progress:
+            print(f"  traced {self.name} at {new}@{ctx} ({time.perf_counter() - t:.1f} s)",
+                  file=sys.stderr, flush=True)
+        return {c: v for c, v in total.items() if v}, exact
+
+    def _depths(self) -> list[tuple[list[int] | None, int]]:
+        """Shallow models whose weighted sum is the full model's counts: ``S0`` (the first
+        layer of each kind) with weight ``1 - sum_k (n_k - 1)`` and, per kind ``k`` with
+        ``n_k > 1`` layers, ``S0`` plus a second layer of that kind with weight
+        ``n_k - 1`` (a layer's counts do not depend on the others', so the difference of the
+        two traces is one layer of kind ``k``). ``[(None, 1)]``: trace the model whole."""
+        if self._stack is None or not self.shallow:
+            return [(None, 1)]
+        kinds: dict[tuple, list[int]] = {}
+        for i, sig in enumerate(self._signatures):
+            kinds.setdefault(sig, []).append(i)
+        s0 = sorted(v[0] for v in kinds.values())
+        out, rest = [], 1
+        for idx in kinds.values():
+            if len(idx) > 1:
+                out.append((sorted(s0 + [idx[1]]), len(idx) - 1))
+                rest -= len(idx) - 1
+        if sum(len(k) for k, _ in out) + len(s0) >= len(self._signatures) + len(out):
+            return [(None, 1)]                     # no shallower than the model itself
+        return [(s0, rest)] + out
+
+    def region(self, key: tuple) -> Region:
+        """The solved region ``key`` (see :func:`region_of`), traced on first use."""
+        r = self.regions.get(key)
+        if r is None:
+            r = self.regions[key] = self._solve_region(key)
+        return r
+
+    def _points(self, key: tuple, count: int) -> list[tuple[int, int]]:
+        kind, _ = key
+        rng = random.Random(hash((self.seed,) + key) & 0xFFFFFFFF)
+        span = max(self.windows, default=0)
+        hi_n, hi_c = span + 48, 2 * span + 48
+        if self.max_positions:
+            hi_n, hi_c = min(hi_n, self.max_positions), min(hi_c, self.max_positions - 1)
+        pts: list[tuple[int, int]] = []
+        for _ in range(200000):
+            n = 1 if kind == "decode" else rng.randint(1 if kind == "prefill" else 2, hi_n)
+            c = 0 if kind == "prefill" else rng.randint(1, hi_c)
+            if self.max_positions and n + c > self.max_positions:
+                continue
+            if region_of(n, c, self.windows) == key and (n, c) not in pts:
+                pts.append((n, c))
+                if len(pts) == count:
+                    return pts
+        raise StepError(f"{self.name}: no {count} points in region {key} below the model's "
+                        f"{self.max_positions} positions")
+
+    def _solve_region(self, key: tuple) -> Region:
+        t0 = time.perf_counter()
+        k = len(_MONOMIALS[key[0]])
+        pts = self._points(key, k + 4)
+        # k points whose monomials are independent, then one more to check the solution
+        chosen: list[tuple[int, int]] = []
+        for p in pts:
+            if _rank([monomials(key[0], *q) for q in chosen + [p]]) == len(chosen) + 1:
+                chosen.append(p)
+                if len(chosen) == k:
+                    break
+        else:
+            raise StepError(f"{self.name}: region {key} has no {k} points in general position")
+        check = next(p for p in pts if p not in chosen)
+        values, exact = [], True
+        for p in chosen:
+            v, e = self._probe(*p)
+            values.append(v)
+            exact &= e
+        names = sorted(set().union(*values))
+        rhs = [[v.get(c, 0) for c in names] for v in values]
+        sol = _solve([monomials(key[0], *p) for p in chosen], rhs)
+        coef = {c: [sol[i][j] for i in range(k)] for j, c in enumerate(names)}
+        r = Region(key, chosen + [check], coef, exact)
+        got, e = self._probe(*check)
+        r.exact = exact and e
+        want = r.at(*check)
+        for c in sorted(set(got) | set(want)):
+            if got.get(c, 0) != want.get(c, 0):
+                raise StepError(
+                    f"{self.name}: {c} at {check[0]}@{check[1]} is {got.get(c, 0):,}, not the "
+                    f"{float(want.get(c, 0)):,.0f} a degree-2 polynomial through the region's "
+                    f"other points gives (region {key}): its counts are not of the form a step "
+                    f"model evaluates; analyze compositions with StepModel.trace")
+        shared = coef.get("shared", [0])
+        if any(shared[1:]):
+            raise StepError(f"{self.name}: the tensors it reads whole change with the tokens "
+                            f"(region {key}); a step cannot count them once")
+        r.seconds = time.perf_counter() - t0
+        return r
+
+    def warm(self, seqs) -> "StepModel":
+        """Read every region ``seqs`` touches now (tracing), not at the first bound."""
+        for s in self.check(seqs):
+            self.region(region_of(s.new, s.ctx, self.windows))
+        return self
+
+    # -- evaluation ------------------------------------------------------------
+
+    def check(self, seqs) -> list[Seq]:
+        seqs = as_seqs(seqs)
+        if self.max_positions:
+            for s in seqs:
+                if s.new + s.ctx > self.max_positions:
+                    raise StepError(f"sequence {s}: position {s.new + s.ctx - 1} is beyond "
+                                    f"{self.name}'s {self.max_positions} positions "
+                                    f"(max_position_embeddings)")
+        return seqs
+
+    def counts(self, seqs) -> StepCounts:
+        """The step's totals, exact (rational arithmetic on the solved polynomials)."""
+        seqs = self.check(seqs)
+        sums: dict[tuple, list[int]] = {}
+        for s in seqs:
+            key = region_of(s.new, s.ctx, self.windows)
+            m = monomials(key[0], s.new, s.ctx)
+            acc = sums.get(key)
+            if acc is None:
+                sums[key] = m
+            else:
+                for i, x in enumerate(m):
+                    acc[i] += x
+        total: dict[str, Fraction] = {}
+        exact = True
+        shared = None
+        for key, m in sums.items():
+            r = self.region(key)
+            exact &= r.exact
+            for c, cs in r.coef.items():
+                total[c] = total.get(c, 0) + sum(a * x for a, x in zip(cs, m))
+            shared = r.coef.get("shared", [0])[0] if shared is None else shared
+        ints = {}
+        for c, v in total.items():
+            if v.denominator != 1:
+                raise StepError(f"{self.name}: {c} of the step is not a whole number ({v})")
+            ints[c] = int(v)
+        nbytes = ints.get("bytes", 0) - (len(seqs) - 1) * int(shared or 0)
+
+        def part(prefix):
+            return {c.split(":", 1)[1]: v for c, v in sorted(ints.items())
+                    if c.startswith(prefix) and v}
+        return StepCounts(ints.get("macs", 0), part("flops:"), nbytes, part("work:"),
+                          part("special:"), len(seqs), sum(s.new for s in seqs), exact)
+
+    def bounds(self, seqs, arch=None) -> list[Bound]:
+        """The step's fused roofline on each chip of ``arch``."""
+        c = self.counts(seqs)
+        expl = (f"{c.sequences} sequences, {c.tokens} new tokens: weights once, each "
+                f"sequence's cache rows read and its new rows written, last-token logits")
+        return [work_bound({k: float(v) for k, v in c.work.items()},
+                           {k: float(v) for k, v in c.special.items()}, c.bytes,
+                           sum(c.flops.values()), spec, "fused", expl)
+                for spec in specs_of(arch)]
+
+    def bound(self, seqs, arch: str | Spec = "h100-sxm") -> Bound:
+        """The step's fused roofline on one chip."""
+        bs = self.bounds(seqs, arch)
+        if len(bs) != 1:
+            raise StepError(f"bound() takes one chip; use bounds() for {len(bs)}")
+        return bs[0]
+
+    def seconds(self, seqs, spec: Spec) -> float:
+        return self.bound(seqs, spec).seconds
+
+    def to_dict(self, seqs, arch=None) -> dict:
+        """The report schema ``analyze`` writes (``totals``, ``bounds``), for a step."""
+        from ..report.report import SCHEMA
+        seqs = self.check(seqs)
+        c = self.counts(seqs)
+        return {"schema": SCHEMA, "source": f"{self.name} step",
+                "step": {"sequences": [str(s) for s in seqs], "regions_traced": self.traces},
+                "precision_policy": {"fp32": dict(self.policy.fp32),
+                                     "description": self.policy.describe()},
+                "totals": c.to_dict(),
+                "bounds": [{"arch": b.arch, "mode": b.mode, "seconds": b.seconds,
+                            "compute_seconds": b.compute_seconds,
+                            "memory_seconds": b.memory_seconds, "bound": b.bound,
+                            "bytes": b.bytes, "flops": b.flops,
+                            "intensity": b.intensity if b.bytes else None,
+                            "pipe_seconds": b.pipe_seconds, "unit_seconds": b.unit_seconds,
+                            "binding_unit": b.binding_unit, "peaks": b.peaks,
+                            "bandwidth": b.bandwidth, "notes": b.notes,
+                            "explanation": b.explanation}
+                           for b in self.bounds(seqs, arch)]}
+
+
+def regions_of(seqs: Iterable[Seq], windows: tuple[int, ...]) -> set[tuple]:
+    return {region_of(s.new, s.ctx, windows) for s in seqs}
