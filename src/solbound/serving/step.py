@@ -24,8 +24,11 @@ read once per *region* of ``(new, ctx)`` and then evaluated in closed form:
   of the model at as many points as it has monomials, and checked at another traced point
   before use: a model whose counts are not of that form (a chunked attention, a degree the
   region does not have) is refused with the component that disagreed, never fitted.
-* A step is the sum over its sequences, minus the tensors every sequence reads whole (the
-  weights, read once per step under the fused bound), counted once.
+* A step is the sum over its sequences, but for the weights (parameters, buffers,
+  constants): of each, the step reads ``min(sum of the sequences' reads, its size)``, the
+  rule by which the fused traffic unites partial reads of one tensor. A dense weight is read
+  once per step; a mixture-of-experts layer's experts as the routing assumption spreads the
+  step's ``T * k`` (token, expert) pairs over them, as ``analyze`` counts a packed batch.
 
 :class:`StepModel` keeps the solved coefficients; ``bound`` evaluates them (microseconds
 per sequence) and puts the sums on the roofline (``bounds.roofline.work_bound``).
@@ -108,20 +111,24 @@ def as_seqs(seqs) -> list[Seq]:
 
 # ---------------------------------------------------------------------------- regions
 
-def region_of(new: int, ctx: int, windows: tuple[int, ...]) -> tuple:
-    """The region of ``(new, ctx)``: its kind and, per window, which side of the window the
-    cache and the mask are on.
+def region_of(new: int, ctx: int, windows: tuple[int, ...], tokens: tuple[int, ...] = ()) -> tuple:
+    """The region of ``(new, ctx)``: its kind, per window which side of the window the
+    cache and the mask are on, and per token threshold (a mixture of experts' ``E / k``
+    tokens, from which on every expert is hit) which side ``new`` is on.
 
     >>> region_of(512, 0, (4096,)), region_of(1, 5000, (4096,)), region_of(100, 4000, (4096,))
-    (('prefill', ('within',)), ('decode', ('past',)), ('extend', ('across',)))
+    (('prefill', ('within',), ()), ('decode', ('past',), ()), ('extend', ('across',), ()))
+    >>> region_of(1, 0, ()), region_of(3, 0, (), (16,))
+    (('one', (), ()), ('prefill', (), ('below',)))
     """
-    kind = "prefill" if ctx == 0 else "decode" if new == 1 else "extend"
+    kind = ("one" if new == 1 else "prefill") if ctx == 0 else "decode" if new == 1 else "extend"
     cuts = tuple("past" if ctx >= w - 1 and ctx > 0 else "within" if ctx + new <= w
                  else "across" for w in windows)
-    return kind, cuts
+    return kind, cuts, tuple("below" if new < t else "above" for t in tokens)
 
 
-_MONOMIALS = {"prefill": ((0, 0), (1, 0), (2, 0)),
+_MONOMIALS = {"one": ((0, 0),),
+              "prefill": ((0, 0), (1, 0), (2, 0)),
               "decode": ((0, 0), (0, 1), (0, 2)),
               "extend": ((0, 0), (1, 0), (0, 1), (2, 0), (1, 1), (0, 2))}
 
@@ -222,9 +229,11 @@ def cache_layout(model) -> list[CacheLayer]:
         raise StepError(f"{name}: cache layer {i} is a {kind} (state or quantized rows); a "
                         f"step reads full and sliding-window key/value layers only so far")
     ids = torch.zeros(1, 1, dtype=torch.long, device="meta")
+    from ..frontends.torch.capture import _traceable_experts
     with torch.device("meta"), torch.no_grad():
         meta = _on_meta(model)
-        meta(input_ids=ids, **cache_kw(meta, cache), use_cache=True)
+        with _traceable_experts(meta):        # static-size expert dispatch (no values)
+            meta(input_ids=ids, **cache_kw(meta, cache), use_cache=True)
     out = []
     for layer in cache.layers:
         k, v = layer.keys, layer.values
@@ -244,6 +253,18 @@ def _on_meta(model):
     if p is None or p.device.type == "meta":
         return model
     return copy.deepcopy(model).to("meta")
+
+
+def _expert_thresholds(cfg) -> tuple[int, ...]:
+    """Token counts from which a mixture-of-experts layer's experts are all hit under the
+    routing assumption (``E / k``, from the config's expert count and experts per token),
+    where the experts' weight reads stop growing with the tokens."""
+    e = next((getattr(cfg, a) for a in ("num_experts", "num_local_experts", "n_routed_experts")
+              if isinstance(getattr(cfg, a, None), int) and getattr(cfg, a) > 1), None)
+    k = getattr(cfg, "num_experts_per_tok", None)
+    if not e or not isinstance(k, int) or k < 1:
+        return ()
+    return (-(-e // k),)
 
 
 def _layer_stack(model, count: int):
@@ -402,25 +423,29 @@ def _integral(x: float, what: str) -> int:
     return int(r)
 
 
-def components(rep, policy: Policy) -> dict[str, int]:
-    """The additive quantities of one traced step (``Report``): ``macs``, ``flops:UNIT``,
-    ``work:PIPE``, ``special:FN``, fused ``bytes``, and ``shared``: the bytes of the
-    parameters, buffers and constants it reads whole (what a step of many sequences reads
-    once)."""
+def components(rep, policy: Policy) -> tuple[dict[str, int], dict[str, int]]:
+    """The additive quantities of one traced step (``Report``) and the sizes of the tensors
+    sequences share. Quantities: ``macs``, ``flops:UNIT``, ``work:PIPE``, ``special:FN``,
+    ``bytes`` (the fused traffic but for the shared tensors) and ``read:T``, the bytes read
+    of each parameter, buffer and constant ``T`` (sequences of a step read the same weights:
+    the step reads ``min(sum of the sequences' reads, size)`` of each, the rule by which
+    the fused traffic unites partial reads of one tensor)."""
     pc = rep.counts
     if rep.lowered.unsupported:
         ops = sorted({u if isinstance(u, str) else str(u) for u in rep.lowered.unsupported})
         raise StepError(f"the step program has operators solbound does not lower: "
                         f"{', '.join(ops[:5])}")
-    d = {"macs": pc.macs, "bytes": pc.fused.bytes}
+    d = {"macs": pc.macs}
     d.update({f"flops:{k}": v for k, v in pc.flops.items() if v})
     work, special = work_of(pc.kernels, policy)
     d.update({f"work:{k}": _integral(v, f"work on {k}") for k, v in work.items() if v})
     d.update({f"special:{k}": _integral(v, f"{k} ops") for k, v in special.items() if v})
     tm = rep.program.tensor_map
-    d["shared"] = sum(b for t, b in pc.fused.reads.items()
-                      if tm[t].role in ("parameter", "buffer", "constant") and b == tm[t].nbytes)
-    return d
+    shared = {t: b for t, b in pc.fused.reads.items()
+              if tm[t].role in ("parameter", "buffer", "constant")}
+    d["bytes"] = pc.fused.bytes - sum(shared.values())
+    d.update({f"read:{t}": b for t, b in shared.items()})
+    return d, {t: tm[t].nbytes for t in shared}
 
 
 @dataclass
@@ -431,6 +456,15 @@ class Region:
     coef: dict[str, list[Fraction]]
     exact: bool = True
     seconds: float = 0.0
+
+    def matrix(self):
+        """``(names, F)``: the coefficients as a float matrix (components x monomials), for
+        the fast evaluation of :meth:`StepModel.bounds`."""
+        if getattr(self, "_matrix", None) is None:
+            import numpy as np
+            names = sorted(self.coef)
+            self._matrix = names, np.array([[float(a) for a in self.coef[c]] for c in names])
+        return self._matrix
 
     def at(self, new: int, ctx: int) -> dict[str, Fraction]:
         m = monomials(self.key[0], new, ctx)
@@ -455,10 +489,13 @@ class StepModel:
     windows: tuple[int, ...] = field(init=False)
     regions: dict = field(init=False, default_factory=dict)
     traces: int = field(init=False, default=0)
+    _sizes: dict = field(init=False, default_factory=dict)
+    _sizes_total: dict | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.layout = cache_layout(self.model)
         self.windows = tuple(sorted({L.window for L in self.layout if L.window}))
+        self.thresholds = _expert_thresholds(_text_config(self.model))
         self.policy = (self.precision_policy if isinstance(self.precision_policy, Policy)
                        else Policy.parse(self.precision_policy))
         self._build = _Sequences(self.model, self.layout)
@@ -508,12 +545,29 @@ class StepModel:
                     self._build.layout = self.layout
             self.traces += 1
             exact &= rep.counts.fused.exact
-            for c, v in components(rep, self.policy).items():
+            comps, sizes = components(rep, self.policy)
+            for c, v in comps.items():
                 total[c] = total.get(c, 0) + weight * v
+            self._sizes_total = None
+            for tname, size in sizes.items():      # a layer of a kind stands for its count
+                self._sizes.setdefault((keep and tuple(keep), weight), {})[tname] = size
         if self.progress:
             print(f"  traced {self.name} at {new}@{ctx} ({time.perf_counter() - t:.1f} s)",
                   file=sys.stderr, flush=True)
         return {c: v for c, v in total.items() if v}, exact
+
+    def sizes(self) -> dict[str, int]:
+        """Each shared tensor's bytes times the layers it stands for (its net weight over
+        the shallow traces: 1 outside the layer stack and for the first layer of a kind,
+        ``n_k - 1`` for the second)."""
+        if self._sizes_total is not None:
+            return self._sizes_total
+        out: dict[str, int] = {}
+        for (_, weight), sizes in self._sizes.items():
+            for t, b in sizes.items():
+                out[t] = out.get(t, 0) + weight * b
+        self._sizes_total = out
+        return out
 
     def _depths(self) -> list[tuple[list[int] | None, int]]:
         """Shallow models whose weighted sum is the full model's counts: ``S0`` (the first
@@ -532,8 +586,8 @@ class StepModel:
             if len(idx) > 1:
                 out.append((sorted(s0 + [idx[1]]), len(idx) - 1))
                 rest -= len(idx) - 1
-        if sum(len(k) for k, _ in out) + len(s0) >= len(self._signatures) + len(out):
-            return [(None, 1)]                     # no shallower than the model itself
+        if sum(len(k) for k, _ in out) + len(s0) + 2 * len(out) >= len(self._signatures):
+            return [(None, 1)]      # a trace costs about two layers: the whole model is cheaper
         return [(s0, rest)] + out
 
     def region(self, key: tuple) -> Region:
@@ -544,22 +598,26 @@ class StepModel:
         return r
 
     def _points(self, key: tuple, count: int) -> list[tuple[int, int]]:
-        kind, _ = key
+        kind = key[0]
+        if kind == "one":
+            return [(1, 0)]
         rng = random.Random(hash((self.seed,) + key) & 0xFFFFFFFF)
         span = max(self.windows, default=0)
-        hi_n, hi_c = span + 48, 2 * span + 48
+        hi_n, hi_c = max(span, *self.thresholds, 0) + 48, 2 * span + 48
         if self.max_positions:
             hi_n, hi_c = min(hi_n, self.max_positions), min(hi_c, self.max_positions - 1)
         pts: list[tuple[int, int]] = []
         for _ in range(200000):
-            n = 1 if kind == "decode" else rng.randint(1 if kind == "prefill" else 2, hi_n)
+            n = 1 if kind == "decode" else rng.randint(2, hi_n)
             c = 0 if kind == "prefill" else rng.randint(1, hi_c)
             if self.max_positions and n + c > self.max_positions:
                 continue
-            if region_of(n, c, self.windows) == key and (n, c) not in pts:
+            if region_of(n, c, self.windows, self.thresholds) == key and (n, c) not in pts:
                 pts.append((n, c))
                 if len(pts) == count:
                     return pts
+        if len(pts) > len(_MONOMIALS[kind]):       # a small region: all of its points
+            return pts
         raise StepError(f"{self.name}: no {count} points in region {key} below the model's "
                         f"{self.max_positions} positions")
 
@@ -576,7 +634,7 @@ class StepModel:
                     break
         else:
             raise StepError(f"{self.name}: region {key} has no {k} points in general position")
-        check = next(p for p in pts if p not in chosen)
+        check = next((p for p in pts if p not in chosen), None)
         values, exact = [], True
         for p in chosen:
             v, e = self._probe(*p)
@@ -586,7 +644,10 @@ class StepModel:
         rhs = [[v.get(c, 0) for c in names] for v in values]
         sol = _solve([monomials(key[0], *p) for p in chosen], rhs)
         coef = {c: [sol[i][j] for i in range(k)] for j, c in enumerate(names)}
-        r = Region(key, chosen + [check], coef, exact)
+        r = Region(key, chosen + ([check] if check else []), coef, exact)
+        if check is None:                     # a region of one point: traced, nothing to solve
+            r.seconds = time.perf_counter() - t0
+            return r
         got, e = self._probe(*check)
         r.exact = exact and e
         want = r.at(*check)
@@ -597,22 +658,19 @@ class StepModel:
                     f"{float(want.get(c, 0)):,.0f} a degree-2 polynomial through the region's "
                     f"other points gives (region {key}): its counts are not of the form a step "
                     f"model evaluates; analyze compositions with StepModel.trace")
-        shared = coef.get("shared", [0])
-        if any(shared[1:]):
-            raise StepError(f"{self.name}: the tensors it reads whole change with the tokens "
-                            f"(region {key}); a step cannot count them once")
         r.seconds = time.perf_counter() - t0
         return r
 
     def warm(self, seqs) -> "StepModel":
         """Read every region ``seqs`` touches now (tracing), not at the first bound."""
         for s in self.check(seqs):
-            self.region(region_of(s.new, s.ctx, self.windows))
+            self.region(region_of(s.new, s.ctx, self.windows, self.thresholds))
         return self
 
     # -- evaluation ------------------------------------------------------------
 
     def check(self, seqs) -> list[Seq]:
+        """``seqs`` as :class:`Seq`s, each inside the model's positions."""
         seqs = as_seqs(seqs)
         if self.max_positions:
             for s in seqs:
@@ -622,12 +680,12 @@ class StepModel:
                                     f"(max_position_embeddings)")
         return seqs
 
-    def counts(self, seqs) -> StepCounts:
-        """The step's totals, exact (rational arithmetic on the solved polynomials)."""
-        seqs = self.check(seqs)
+    def _sums(self, seqs: list[Seq]) -> dict[tuple, list[int]]:
+        """Per region, the sums of its monomials over the sequences in it."""
         sums: dict[tuple, list[int]] = {}
+        windows, thresholds = self.windows, self.thresholds
         for s in seqs:
-            key = region_of(s.new, s.ctx, self.windows)
+            key = region_of(s.new, s.ctx, windows, thresholds)
             m = monomials(key[0], s.new, s.ctx)
             acc = sums.get(key)
             if acc is None:
@@ -635,31 +693,54 @@ class StepModel:
             else:
                 for i, x in enumerate(m):
                     acc[i] += x
+        return sums
+
+    def counts(self, seqs) -> StepCounts:
+        """The step's totals, exact (rational arithmetic on the solved polynomials)."""
+        seqs = self.check(seqs)
         total: dict[str, Fraction] = {}
         exact = True
-        shared = None
-        for key, m in sums.items():
+        for key, m in self._sums(seqs).items():
             r = self.region(key)
             exact &= r.exact
             for c, cs in r.coef.items():
                 total[c] = total.get(c, 0) + sum(a * x for a, x in zip(cs, m))
-            shared = r.coef.get("shared", [0])[0] if shared is None else shared
         ints = {}
         for c, v in total.items():
             if v.denominator != 1:
                 raise StepError(f"{self.name}: {c} of the step is not a whole number ({v})")
             ints[c] = int(v)
-        nbytes = ints.get("bytes", 0) - (len(seqs) - 1) * int(shared or 0)
+        return self._assemble(ints, seqs, exact)
+
+    def _assemble(self, totals: dict, seqs: list[Seq], exact: bool) -> StepCounts:
+        sizes = self.sizes()
+        nbytes = totals.get("bytes", 0) + sum(min(v, sizes[c[5:]]) for c, v in totals.items()
+                                              if c.startswith("read:"))
 
         def part(prefix):
-            return {c.split(":", 1)[1]: v for c, v in sorted(ints.items())
+            return {c.split(":", 1)[1]: v for c, v in sorted(totals.items())
                     if c.startswith(prefix) and v}
-        return StepCounts(ints.get("macs", 0), part("flops:"), nbytes, part("work:"),
+        return StepCounts(totals.get("macs", 0), part("flops:"), nbytes, part("work:"),
                           part("special:"), len(seqs), sum(s.new for s in seqs), exact)
 
+    def fast_counts(self, seqs) -> StepCounts:
+        """:meth:`counts` in floating point (relative error ~1e-16, for a scheduler's inner
+        loop): one matrix-vector product per region."""
+        import numpy as np
+        seqs = self.check(seqs)
+        total: dict[str, float] = {}
+        exact = True
+        for key, m in self._sums(seqs).items():
+            r = self.region(key)
+            exact &= r.exact
+            names, mat = r.matrix()
+            for c, v in zip(names, mat @ np.array(m, dtype=float)):
+                total[c] = total.get(c, 0.0) + v
+        return self._assemble(total, seqs, exact)
+
     def bounds(self, seqs, arch=None) -> list[Bound]:
-        """The step's fused roofline on each chip of ``arch``."""
-        c = self.counts(seqs)
+        """The step's fused roofline on each chip of ``arch`` (``fast_counts``)."""
+        c = self.fast_counts(seqs)
         expl = (f"{c.sequences} sequences, {c.tokens} new tokens: weights once, each "
                 f"sequence's cache rows read and its new rows written, last-token logits")
         return [work_bound({k: float(v) for k, v in c.work.items()},
