@@ -710,9 +710,43 @@ class StepModel:
             if v.denominator != 1:
                 raise StepError(f"{self.name}: {c} of the step is not a whole number ({v})")
             ints[c] = int(v)
-        return self._assemble(ints, seqs, exact)
+        return self._assemble(ints, len(seqs), sum(s.new for s in seqs), exact)
 
-    def _assemble(self, totals: dict, seqs: list[Seq], exact: bool) -> StepCounts:
+    def decode_sums(self, first: int, last: int) -> dict[tuple, list[int]]:
+        """Per region, the monomial sums of the one-token sequences ``1@ctx`` for every
+        ``ctx`` in ``[first, last]`` (a request's decode steps), in closed form: the range
+        is cut where a window's side changes (``ctx = w - 1``)."""
+        out: dict[tuple, list[int]] = {}
+        cuts = sorted({w - 1 for w in self.windows if first < w - 1 <= last})
+        for a, b in zip([first] + cuts, cuts + [last + 1]):
+            if b <= a:
+                continue
+            key = region_of(1, a, self.windows, self.thresholds)
+            n = b - a
+            s1 = (a + b - 1) * n // 2
+            s2 = ((b - 1) * b * (2 * b - 1) - (a - 1) * a * (2 * a - 1)) // 6
+            acc = out.setdefault(key, [0, 0, 0])
+            acc[0] += n
+            acc[1] += s1
+            acc[2] += s2
+        return out
+
+    def totals(self, sums: dict[tuple, list[int]], sequences: int, tokens: int) -> StepCounts:
+        """The counts of sequences given by their regions' monomial sums (floating point):
+        ``sequences`` of them computing ``tokens`` new tokens in all, as if in one step
+        (the shared weights counted once)."""
+        import numpy as np
+        total: dict[str, float] = {}
+        exact = True
+        for key, m in sums.items():
+            r = self.region(key)
+            exact &= r.exact
+            names, mat = r.matrix()
+            for c, v in zip(names, mat @ np.array(m, dtype=float)):
+                total[c] = total.get(c, 0.0) + v
+        return self._assemble(total, sequences, tokens, exact)
+
+    def _assemble(self, totals: dict, sequences: int, tokens: int, exact: bool) -> StepCounts:
         sizes = self.sizes()
         nbytes = totals.get("bytes", 0) + sum(min(v, sizes[c[5:]]) for c, v in totals.items()
                                               if c.startswith("read:"))
@@ -721,22 +755,22 @@ class StepModel:
             return {c.split(":", 1)[1]: v for c, v in sorted(totals.items())
                     if c.startswith(prefix) and v}
         return StepCounts(totals.get("macs", 0), part("flops:"), nbytes, part("work:"),
-                          part("special:"), len(seqs), sum(s.new for s in seqs), exact)
+                          part("special:"), sequences, tokens, exact)
 
     def fast_counts(self, seqs) -> StepCounts:
         """:meth:`counts` in floating point (relative error ~1e-16, for a scheduler's inner
         loop): one matrix-vector product per region."""
-        import numpy as np
         seqs = self.check(seqs)
-        total: dict[str, float] = {}
-        exact = True
-        for key, m in self._sums(seqs).items():
-            r = self.region(key)
-            exact &= r.exact
-            names, mat = r.matrix()
-            for c, v in zip(names, mat @ np.array(m, dtype=float)):
-                total[c] = total.get(c, 0.0) + v
-        return self._assemble(total, seqs, exact)
+        return self.totals(self._sums(seqs), len(seqs), sum(s.new for s in seqs))
+
+    def shared_bytes(self) -> int:
+        """The bytes of the tensors even a one-token decode reads whole: what every step
+        reads at least once (the dense weights; of a mixture of experts, none of the
+        experts)."""
+        probe = self.region(region_of(1, 1, self.windows, self.thresholds)).at(1, 1)
+        sizes = self.sizes()
+        return sum(sizes[c[5:]] for c, v in probe.items()
+                   if c.startswith("read:") and v >= sizes[c[5:]])
 
     def bounds(self, seqs, arch=None) -> list[Bound]:
         """The step's fused roofline on each chip of ``arch`` (``fast_counts``)."""
