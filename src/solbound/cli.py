@@ -840,6 +840,38 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--resume", action="store_true",
                     help="skip the points already in the --csv/--json output")
     sw.set_defaults(fn=cmd_sweep)
+    st = sub.add_parser("step", help="the speed of light of one engine step: sequences of "
+                                     "NEW tokens against CTX cached ones")
+    _serving_args(st)
+    st.add_argument("--seqs", required=True, metavar="NEW@CTX[xCOUNT],...",
+                    help="the step's sequences, e.g. 512@0,1@4095x63 (a 512-token prefill and "
+                         "63 decodes at 4095 cached tokens)")
+    st.set_defaults(fn=cmd_step)
+    se = sub.add_parser("serve", help="lower bounds on a serving workload's makespan, "
+                                      "throughput, TTFT and TPOT under an engine's limits")
+    _serving_args(se)
+    se.add_argument("--isl", type=_positive_int, default=None, help="prompt tokens per request")
+    se.add_argument("--osl", type=_positive_int, default=None, help="output tokens per request")
+    se.add_argument("--requests", type=_positive_int, default=None,
+                    help="requests, all at time 0 (default 1)")
+    se.add_argument("--workload", metavar="FILE",
+                    help="per-request lengths and optional arrival times: .json, .jsonl or "
+                         ".csv (input, output, arrival)")
+    se.add_argument("--max-batched-tokens", type=_positive_int, default=8192,
+                    help="new tokens per step at most (default 8192)")
+    se.add_argument("--max-seqs", type=_positive_int, default=256,
+                    help="sequences per step at most (default 256)")
+    se.add_argument("--no-chunked-prefill", action="store_true",
+                    help="a prompt is computed in one step")
+    se.add_argument("--prefix-hit", type=_fraction, default=0.0, metavar="F",
+                    help="the share of each prompt found in the prefix cache (default 0)")
+    se.add_argument("--memory-fraction", type=_fraction, default=0.9, metavar="F",
+                    help="the share of the chip's memory for weights and cache (vLLM's "
+                         "gpu_memory_utilization; default 0.9)")
+    se.add_argument("--price", type=float, default=None, metavar="USD",
+                    help="USD per chip-hour: the cost per million output tokens (default: "
+                         "the catalog's price, where it has one)")
+    se.set_defaults(fn=cmd_serve)
     return p
 
 
@@ -851,6 +883,98 @@ def _positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"{n}: at least 1")
     return n
+
+
+def _step_model(a):
+    from .serving import StepModel
+    from .serving.models import load_model
+    return StepModel(load_model(a.model, a.dtype), precision_policy=a.precision_policy,
+                     progress=not a.quiet)
+
+
+def _write_json(doc: dict, path: str) -> None:
+    import json
+    text = json.dumps(doc, indent=2, default=str)
+    if path == "-":
+        print(text)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
+def cmd_step(a) -> int:
+    from .serving import parse_seqs
+    seqs = parse_seqs(a.seqs)               # a malformed item fails before the model loads
+    sm = _step_model(a)
+    doc = sm.to_dict(seqs, a.arch)
+    if a.json:
+        _write_json(doc, a.json)
+    if a.json != "-":
+        t = doc["totals"]
+        print(f"{sm.name} step: {t['sequences']} sequences, {t['tokens']} new tokens; "
+              f"{t['macs']:.4g} MACs, {t['bytes']['fused'] / 1e9:.4g} GB fused "
+              f"({sm.traces} traces, regions {len(sm.regions)})")
+        for b in doc["bounds"]:
+            print(f"  {b['arch']:<14} {b['seconds'] * 1e3:10.4f} ms  {b['bound']}-bound")
+    return 0
+
+
+def _pct(d: dict, scale: float = 1e3) -> str:
+    return "  ".join(f"{k} {v * scale:.4g}" if v is not None else f"{k} -"
+                     for k, v in d.items() if k.startswith("p"))
+
+
+def cmd_serve(a) -> int:
+    from .serving.workload import Limits, read_workload, serve, uniform
+    if a.workload and (a.isl or a.osl or a.requests):
+        return _err("give --workload FILE or --isl/--osl/--requests, not both")
+    if a.workload:
+        reqs = read_workload(a.workload)
+    elif a.isl and a.osl:
+        reqs = uniform(a.isl, a.osl, a.requests or 1)
+    else:
+        return _err("serve needs a workload: --isl N --osl N [--requests N] or --workload FILE")
+    limits = Limits(a.max_batched_tokens, a.max_seqs, not a.no_chunked_prefill, a.prefix_hit,
+                    a.memory_fraction)
+    sm = _step_model(a)
+    doc = serve(sm, reqs, a.arch, limits, a.price)
+    if a.json:
+        _write_json(doc, a.json)
+    if a.json == "-":
+        return 0
+    w = doc["workload"]
+    print(f"{sm.name}: {w['requests']} requests, {w['input_tokens']} prompt and "
+          f"{w['output_tokens']} output tokens ({'offline' if w['offline'] else 'arrivals'}); "
+          f"max {limits.max_batched_tokens} tokens and {limits.max_seqs} sequences a step")
+    print("lower bounds under these limits (throughput: an upper bound); ms")
+    for e in doc["serving"]:
+        cost = (f", >= ${e['usd_per_million_output_tokens']:.4g} per million output tokens"
+                if e["usd_per_million_output_tokens"] else "")
+        print(f"  {e['arch']}: makespan {e['makespan_seconds']:.4g} s, <= "
+              f"{e['output_tokens_per_second']:,.0f} output tok/s ({e['bound']}){cost}")
+        print(f"    TTFT  {_pct(e['ttft_seconds'])}")
+        print(f"    TPOT  {_pct(e['tpot_seconds'])}")
+        print(f"    memory: {e['max_concurrent_sequences']} sequences of "
+              f"{e['memory']['longest_tokens']} tokens fit next to "
+              f"{e['memory']['weights_bytes'] / 1e9:.3g} GB of weights")
+    for n in doc["notes"]:
+        print(f"note: {n}")
+    return 0
+
+
+def _serving_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a transformers config: a directory with config.json, a "
+                                 ".json file or a bundled name (llama-3-8b, mistral-7b); or "
+                                 "pkg.module:factory returning a causal LM")
+    p.add_argument("--arch", default=None,
+                   help="comma-separated chip ids (see `solbound chips`), 'all', or a spec .toml")
+    p.add_argument("--precision-policy", default=None,
+                   help="default | tf32 | fp32 | matmul=tf32,conv=fp32,attention=fp32")
+    p.add_argument("--dtype", default=None,
+                   help="the weights' and cache's dtype (default: the config's torch_dtype, "
+                        "else bfloat16)")
+    p.add_argument("--json", metavar="PATH", help="write the JSON (- for stdout)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
 
 def cmd_sweep(a) -> int:
@@ -894,12 +1018,13 @@ def main(argv: list[str] | None = None) -> int:
     from .bounds.comm import CommError
     from .frontends.torch.distributed import WorldError
     from .analysis.counts import CountError
+    from .serving.step import StepError
     try:
         return args.fn(args)
     except _Usage as e:
         return _err(str(e))
     except (FrontendError, UnknownArch, PolicyError, IRSyntaxError, CacheOptionError,
-            SpecError, CommError, WorldError, CountError) as e:
+            SpecError, CommError, WorldError, CountError, StepError) as e:
         return _err(str(e))
     except BrokenPipeError:
         return 0

@@ -41,6 +41,7 @@ import random
 import re
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Iterable
@@ -111,31 +112,60 @@ def as_seqs(seqs) -> list[Seq]:
 
 # ---------------------------------------------------------------------------- regions
 
+#: token counts below this are classes of their own: a pass may treat a tiny extent
+#: specially (the known-value pass guards away row 0 of a two-row ``arange``, which is 0), so
+#: counts are polynomials in ``new`` and ``ctx`` only from here on; below, each value is
+#: fixed and the polynomial is in the other variable (or the region is one point)
+SMALL = 3
+
+
+def _kind(new: int, ctx: int) -> str:
+    n_var, c_var = new >= SMALL, ctx >= SMALL
+    if n_var and c_var:
+        return "extend"
+    if n_var:
+        return "prefill" if ctx == 0 else f"n@{ctx}"
+    if c_var:
+        return "decode" if new == 1 else f"{new}@c"
+    return "one" if (new, ctx) == (1, 0) else f"{new}@{ctx}"
+
+
 def region_of(new: int, ctx: int, windows: tuple[int, ...], tokens: tuple[int, ...] = ()) -> tuple:
     """The region of ``(new, ctx)``: its kind, per window which side of the window the
     cache and the mask are on, and per token threshold (a mixture of experts' ``E / k``
-    tokens, from which on every expert is hit) which side ``new`` is on.
+    tokens, from which on every expert is hit) which side ``new`` is on. Kinds: ``prefill``
+    (``ctx = 0``), ``decode`` (``new = 1``), ``extend``, and for counts below ``SMALL`` a
+    kind per fixed value (``n@1``: any ``new`` at ``ctx = 1``; ``2@c``; ``one``: ``1@0``).
 
     >>> region_of(512, 0, (4096,)), region_of(1, 5000, (4096,)), region_of(100, 4000, (4096,))
     (('prefill', ('within',), ()), ('decode', ('past',), ()), ('extend', ('across',), ()))
-    >>> region_of(1, 0, ()), region_of(3, 0, (), (16,))
-    (('one', (), ()), ('prefill', (), ('below',)))
+    >>> region_of(1, 0, ()), region_of(3, 0, (), (16,)), region_of(2, 9, ())[0]
+    (('one', (), ()), ('prefill', (), ('below',)), '2@c')
     """
-    kind = ("one" if new == 1 else "prefill") if ctx == 0 else "decode" if new == 1 else "extend"
+    kind = _kind(new, ctx)
     cuts = tuple("past" if ctx >= w - 1 and ctx > 0 else "within" if ctx + new <= w
                  else "across" for w in windows)
     return kind, cuts, tuple("below" if new < t else "above" for t in tokens)
 
 
-_MONOMIALS = {"one": ((0, 0),),
-              "prefill": ((0, 0), (1, 0), (2, 0)),
-              "decode": ((0, 0), (0, 1), (0, 2)),
-              "extend": ((0, 0), (1, 0), (0, 1), (2, 0), (1, 1), (0, 2))}
+_N = ((0, 0), (1, 0), (2, 0))          # a polynomial in new
+_C = ((0, 0), (0, 1), (0, 2))          # in ctx
+_NC = ((0, 0), (1, 0), (0, 1), (2, 0), (1, 1), (0, 2))
+
+
+def _monomials_of(kind: str) -> tuple[tuple[int, int], ...]:
+    if kind == "extend":
+        return _NC
+    if kind == "prefill" or kind.startswith("n@"):
+        return _N
+    if kind == "decode" or kind.endswith("@c"):
+        return _C
+    return ((0, 0),)
 
 
 def monomials(kind: str, new: int, ctx: int) -> list[int]:
     """The region's monomials ``new**i * ctx**j`` at one point."""
-    return [new ** i * ctx ** j for i, j in _MONOMIALS[kind]]
+    return [new ** i * ctx ** j for i, j in _monomials_of(kind)]
 
 
 def _rank(rows: list[list[int]]) -> int:
@@ -185,7 +215,7 @@ def cache_kw(model, cache) -> dict:
 @dataclass(frozen=True)
 class CacheLayer:
     """What one layer of the model's cache keeps per token: key and value rows of these
-    shapes (batch and sequence dims excluded) and dtypes; ``window``: the rows a window
+    shapes (batch and sequence dims excluded) and dtypes (torch's names); ``window``: the rows a window
     layer keeps (``window - 1`` of them; None: every row)."""
     kind: str
     key: tuple[int, ...]
@@ -196,9 +226,9 @@ class CacheLayer:
 
     def bytes_per_token(self) -> int:
         import math
-        from ..ir.model import DTYPE_BYTES
-        return (math.prod(self.key) * DTYPE_BYTES[self.key_dtype]
-                + math.prod(self.value) * DTYPE_BYTES[self.value_dtype])
+        import torch
+        return (math.prod(self.key) * getattr(torch, self.key_dtype).itemsize
+                + math.prod(self.value) * getattr(torch, self.value_dtype).itemsize)
 
 
 def _text_config(model):
@@ -599,31 +629,35 @@ class StepModel:
 
     def _points(self, key: tuple, count: int) -> list[tuple[int, int]]:
         kind = key[0]
-        if kind == "one":
-            return [(1, 0)]
-        rng = random.Random(hash((self.seed,) + key) & 0xFFFFFFFF)
+        mons = _monomials_of(kind)
+        if len(mons) == 1:                            # a point: its own class
+            n, c = (1, 0) if kind == "one" else map(int, kind.split("@"))
+            return [(n, c)]
+        rng = random.Random(zlib.crc32(repr((self.seed,) + key).encode()))   # stable across runs
         span = max(self.windows, default=0)
         hi_n, hi_c = max(span, *self.thresholds, 0) + 48, 2 * span + 48
         if self.max_positions:
             hi_n, hi_c = min(hi_n, self.max_positions), min(hi_c, self.max_positions - 1)
         pts: list[tuple[int, int]] = []
         for _ in range(200000):
-            n = 1 if kind == "decode" else rng.randint(2, hi_n)
-            c = 0 if kind == "prefill" else rng.randint(1, hi_c)
+            n = rng.randint(SMALL, max(hi_n, SMALL + 8)) if (1, 0) in mons \
+                else 1 if kind == "decode" else int(kind.split("@")[0])
+            c = rng.randint(SMALL, max(hi_c, SMALL + 8)) if (0, 1) in mons \
+                else 0 if kind == "prefill" else int(kind.split("@")[1])
             if self.max_positions and n + c > self.max_positions:
                 continue
             if region_of(n, c, self.windows, self.thresholds) == key and (n, c) not in pts:
                 pts.append((n, c))
                 if len(pts) == count:
                     return pts
-        if len(pts) > len(_MONOMIALS[kind]):       # a small region: all of its points
+        if len(pts) > len(mons):                   # a small region: all of its points
             return pts
         raise StepError(f"{self.name}: no {count} points in region {key} below the model's "
                         f"{self.max_positions} positions")
 
     def _solve_region(self, key: tuple) -> Region:
         t0 = time.perf_counter()
-        k = len(_MONOMIALS[key[0]])
+        k = len(_monomials_of(key[0]))
         pts = self._points(key, k + 4)
         # k points whose monomials are independent, then one more to check the solution
         chosen: list[tuple[int, int]] = []
@@ -717,12 +751,17 @@ class StepModel:
         ``ctx`` in ``[first, last]`` (a request's decode steps), in closed form: the range
         is cut where a window's side changes (``ctx = w - 1``)."""
         out: dict[tuple, list[int]] = {}
-        cuts = sorted({w - 1 for w in self.windows if first < w - 1 <= last})
+        bounds = {w - 1 for w in self.windows} | set(range(1, SMALL + 1))
+        cuts = sorted(b for b in bounds if first < b <= last)
         for a, b in zip([first] + cuts, cuts + [last + 1]):
             if b <= a:
                 continue
             key = region_of(1, a, self.windows, self.thresholds)
             n = b - a
+            if len(_monomials_of(key[0])) == 1:        # a class of one ctx
+                acc = out.setdefault(key, [0])
+                acc[0] += n
+                continue
             s1 = (a + b - 1) * n // 2
             s2 = ((b - 1) * b * (2 * b - 1) - (a - 1) * a * (2 * a - 1)) // 6
             acc = out.setdefault(key, [0, 0, 0])
@@ -763,14 +802,22 @@ class StepModel:
         seqs = self.check(seqs)
         return self.totals(self._sums(seqs), len(seqs), sum(s.new for s in seqs))
 
-    def shared_bytes(self) -> int:
-        """The bytes of the tensors even a one-token decode reads whole: what every step
-        reads at least once (the dense weights; of a mixture of experts, none of the
-        experts)."""
+    def least_reads(self) -> dict[str, Fraction]:
+        """The bytes a one-token decode (``1@1``) reads of each shared tensor: what every
+        step reads of it at least (a step computes at least one token)."""
         probe = self.region(region_of(1, 1, self.windows, self.thresholds)).at(1, 1)
+        return {c[5:]: v for c, v in probe.items() if c.startswith("read:")}
+
+    def whole_reads(self) -> set[str]:
+        """The shared tensors even a one-token decode reads whole: every step reads them
+        once (the dense weights; of a mixture of experts, none of the experts)."""
         sizes = self.sizes()
-        return sum(sizes[c[5:]] for c, v in probe.items()
-                   if c.startswith("read:") and v >= sizes[c[5:]])
+        return {t for t, v in self.least_reads().items() if v >= sizes[t]}
+
+    def shared_bytes(self) -> int:
+        """The bytes of :meth:`whole_reads`: what every step reads at least once."""
+        sizes = self.sizes()
+        return sum(sizes[t] for t in self.whole_reads())
 
     def bounds(self, seqs, arch=None) -> list[Bound]:
         """The step's fused roofline on each chip of ``arch`` (``fast_counts``)."""

@@ -1,0 +1,249 @@
+"""Serving: a step's counts from solved regions against direct traces, hand-derived closed
+forms, capacity from the model's own cache, and the workload bounds' arithmetic."""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from solbound.bounds.roofline import work_bound
+from solbound.cli import main
+from solbound.hardware.catalog import load_spec
+from solbound.serving import Seq, StepError, StepModel, parse_seqs
+from solbound.serving.capacity import memory_of
+from solbound.serving.workload import Limits, Request, read_workload, serve, uniform
+
+pytestmark = pytest.mark.xdist_group("serving")      # the step models are built once
+
+D, H, KV, HD, F, V, L = 64, 4, 2, 16, 128, 256, 6
+
+
+def _llama(layers=L, window=None, positions=4096):
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+    torch.manual_seed(0)
+    kw = dict(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=layers,
+              num_attention_heads=H, num_key_value_heads=KV, max_position_embeddings=positions)
+    if window:
+        return MistralForCausalLM(MistralConfig(sliding_window=window, **kw)).eval()
+    return LlamaForCausalLM(LlamaConfig(**kw)).eval()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return StepModel(_llama())
+
+
+@pytest.fixture(scope="module")
+def mistral():
+    return StepModel(_llama(layers=2, window=16))
+
+
+def _same(sm, seqs):
+    """The step's counts from its regions equal a direct trace of the composition."""
+    got = sm.counts(seqs)
+    rep = sm.trace(seqs, arch="h100-sxm", modes=("fused",))
+    assert got.macs == rep.counts.macs
+    assert got.flops == {k: v for k, v in rep.counts.flops.items() if v}
+    assert got.bytes == rep.counts.fused.bytes
+    fast = sm.bound(seqs, "h100-sxm")
+    assert fast.seconds == pytest.approx(rep.bounds[0].seconds, rel=1e-12)
+    return got
+
+
+def test_parse_seqs_names_the_malformed_item():
+    assert [str(s) for s in parse_seqs("512@0,1@4095x2")] == ["512@0", "1@4095", "1@4095"]
+    for bad, item in [("5@", "5@"), ("1@2,x@3", "x@3"), ("0@4", "0@4"), ("3@1x0", "3@1x0")]:
+        with pytest.raises(StepError, match=item.replace("@", "@")):
+            parse_seqs(bad)
+
+
+def test_cli_rejects_a_malformed_item_before_loading(capsys):
+    assert main(["step", "no-such-model", "--seqs", "4@1,7@"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "7@" in err[0]
+
+
+def test_shallow_llama_step_equals_direct_traces(llama):
+    """A composition over the main regions of a 6-layer Llama (read from two-layer traces:
+    prefill, decode, extend and the one-token prefill)."""
+    assert llama._depths()[0][0] is not None            # the shallow path is taken
+    _same(llama, [Seq(1, 0), Seq(23, 0), Seq(1, 140), Seq(9, 31)])
+
+
+@pytest.mark.slow
+def test_small_classes_equal_direct_traces(llama):
+    """Random compositions with the small classes (2@0, 1@1, 1@2, n@1, 2@c), where a pass
+    may special-case a tiny extent (a two-row arange's row 0 is known zero)."""
+    rng = random.Random(7)
+    fixed = [Seq(2, 0), Seq(1, 1), Seq(1, 2), Seq(5, 1), Seq(2, 9), Seq(4, 2)]
+    for half in (fixed[:3], fixed[3:]):
+        _same(llama, half + [Seq(rng.randint(3, 60), rng.choice([0, rng.randint(3, 90)]))
+                             for _ in range(2)] + [Seq(1, rng.randint(3, 200))])
+
+
+def _macs(seqs, layers=L):
+    """MACs derived by hand. Per layer: the q, k, v, o and MLP projections of the new
+    tokens, the causal pairs of attention (``new * ctx + new (new + 1) / 2``, for q.k and
+    p.v) and a MAC per element of each RMSNorm's mean; but only the last token's logits are
+    kept, so of the last layer only the k and v projections (the cache rows) and its input
+    norm cover every new token: its query, attention, output, MLP and the final norm serve
+    the last token alone. Then one row of logits."""
+    proj = D * H * HD + H * HD * D + 3 * D * F       # q, o, MLP
+    kv = 2 * D * KV * HD
+    total = 0
+    for s in seqs:
+        pairs = s.new * s.ctx + s.new * (s.new + 1) // 2
+        total += (layers - 1) * (s.new * (proj + kv + 2 * D) + 2 * H * HD * pairs)
+        total += s.new * (D + kv) + proj + D + 2 * H * HD * (s.ctx + s.new)
+        total += D + D * V
+    return total
+
+
+def test_llama_macs_closed_form(llama):
+    seqs = [Seq(37, 0), Seq(1, 500), Seq(12, 40)]
+    assert llama.counts(seqs).macs == _macs(seqs)
+
+
+def test_a_step_validates_against_the_model(llama):
+    rep = llama.trace([Seq(3, 0), Seq(1, 6)], arch="h100-sxm", validate=True,
+                      modes=("fused",))
+    assert rep.validation["status"] == "passed", rep.validation
+
+
+def test_window_regions_equal_direct_traces(mistral):
+    """A sliding window of 16: a prompt across it, a decode past it (the cache keeps 15
+    rows, the mask 16 keys)."""
+    assert mistral.windows == (16,)
+    _same(mistral, [Seq(20, 0), Seq(1, 30)])
+
+
+@pytest.mark.slow
+def test_every_window_region_equals_direct_traces(mistral):
+    _same(mistral, [Seq(5, 0), Seq(4, 3), Seq(1, 30), Seq(9, 10), Seq(20, 0), Seq(3, 40),
+                    Seq(1, 4)])
+
+
+def test_capacity_from_the_cache_kept(mistral):
+    """A window layer keeps ``window - 1`` rows: bytes per token per layer 2 * KV * HD * 4."""
+    mem = memory_of(mistral, load_spec("h100-sxm"), 0.5)
+    row = 2 * KV * HD * 4
+    assert mem.kv_bytes(5) == 2 * 5 * row and mem.kv_bytes(1000) == 2 * 15 * row
+    assert mem.free == 40e9 - sum(p.numel() * 4 for p in mistral.model.parameters())
+    assert mem.max_sequences(1000) == math.floor(mem.free / (2 * 15 * row))
+
+
+def test_no_cache_interface_and_positions_are_one_line_errors():
+    with pytest.raises(StepError, match="no cache interface"):
+        StepModel(torch.nn.Linear(4, 4))
+    sm = StepModel(_llama(layers=1, positions=64))
+    with pytest.raises(StepError, match="beyond LlamaForCausalLM's 64 positions"):
+        sm.counts([Seq(10, 60)])
+    with pytest.raises(StepError, match="request 1 .* beyond"):
+        serve(sm, [Request(10, 5), Request(40, 30)], "h100-sxm")
+
+
+def test_one_request_bounds_are_its_own_steps(llama):
+    """TTFT: the prefill alone; TPOT: the roofline of its two decode steps (the weights
+    read in each) over 2; the makespan: the request's chain."""
+    spec = load_spec("h100-sxm")
+    P = 50
+    doc = serve(llama, [Request(P, 3)], "h100-sxm")
+    e = doc["serving"][0]
+
+    def step(seqs_list):
+        cs = [llama.counts(s) for s in seqs_list]
+        work = {}
+        for c in cs:
+            for k, v in c.work.items():
+                work[k] = work.get(k, 0) + v
+        special = {}
+        for c in cs:
+            for k, v in c.special.items():
+                special[k] = special.get(k, 0) + v
+        return work_bound(work, special, sum(c.bytes for c in cs), 0, spec, "fused").seconds
+
+    ttft = step([[Seq(P, 0)]])
+    tpot = step([[Seq(1, P)], [Seq(1, P + 1)]]) / 2
+    assert e["ttft_seconds"]["p50"] == pytest.approx(ttft, rel=1e-9)
+    assert e["tpot_seconds"]["p99"] == pytest.approx(tpot, rel=1e-9)
+    assert e["makespan_seconds"] == pytest.approx(ttft + 2 * tpot, rel=1e-9)
+    assert e["min_steps"] == 3 and doc["notes"] == []       # chunking never lowers the counts
+    assert e["output_tokens_per_second"] == pytest.approx(3 / e["makespan_seconds"])
+
+
+def test_least_steps_under_the_limits(llama):
+    """10 requests of 4 + 5 tokens, 2 sequences a step: each is in 1 prefill and 4 decode
+    steps, so at least ceil(10 * 5 / 2) = 25 steps; 3 tokens a step chunk each prompt in 2
+    (TTFT grows) and bound the steps by ceil(10 * (4 + 4) / 3) = 27."""
+    reqs = uniform(4, 5, 10)
+    e = serve(llama, reqs, "h100-sxm", Limits(max_seqs=2))["serving"][0]
+    assert e["min_steps"] == 25 and e["max_concurrent_sequences"] == 2
+    f = serve(llama, reqs, "h100-sxm", Limits(max_batched_tokens=3))["serving"][0]
+    assert f["min_steps"] == 27
+    assert f["ttft_seconds"]["p50"] > e["ttft_seconds"]["p50"]
+    with pytest.raises(StepError, match="more than max_batched_tokens=3"):
+        serve(llama, reqs, "h100-sxm", Limits(max_batched_tokens=3, chunked_prefill=False))
+
+
+def test_offline_ttft_is_an_order_statistic(llama):
+    """All at time 0: the k-th first token waits for k prefills, so the TTFT percentiles of
+    many equal requests grow with the rank; arrivals spread far apart leave each alone."""
+    e = serve(llama, uniform(40, 2, 100), "h100-sxm")["serving"][0]
+    t = e["ttft_seconds"]
+    assert t["p50"] < t["p90"] < t["p99"]
+    spread = [Request(40, 2, arrival=float(i)) for i in range(100)]
+    s = serve(llama, spread, "h100-sxm")["serving"][0]["ttft_seconds"]
+    assert s["p50"] == s["p99"] < t["p50"]
+
+
+def test_prefix_hits_lower_the_prefill(llama):
+    a = serve(llama, uniform(60, 2, 4), "h100-sxm")["serving"][0]
+    b = serve(llama, uniform(60, 2, 4), "h100-sxm", Limits(prefix_hit=0.5))["serving"][0]
+    assert b["ttft_seconds"]["p50"] < a["ttft_seconds"]["p50"]
+
+
+def test_workload_files(tmp_path):
+    rows = [{"input_len": 10, "output_len": 3, "timestamp": 0.5}, {"input": 7, "output": 1}]
+    (tmp_path / "w.json").write_text(json.dumps({"requests": rows}))
+    (tmp_path / "w.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / "w.csv").write_text("input,output,arrival\n10,3,0.5\n7,1,\n")
+    want = [Request(10, 3, 0.5), Request(7, 1, 0.0)]
+    for ext in ("json", "jsonl", "csv"):
+        assert read_workload(str(tmp_path / f"w.{ext}")) == want
+    (tmp_path / "w.txt").write_text("10 3")
+    with pytest.raises(StepError, match="unknown workload format '.txt'"):
+        read_workload(str(tmp_path / "w.txt"))
+    (tmp_path / "bad.csv").write_text("input,output\n10,\n")
+    with pytest.raises(StepError, match="request 0: no output length"):
+        read_workload(str(tmp_path / "bad.csv"))
+
+
+def test_cli_step_and_serve_json(tmp_path, llama, capsys):
+    """The CLI on a config file: ``step``'s JSON is the report schema with the step's exact
+    totals; ``serve`` writes solbound.serving/1."""
+    cfg = _llama(layers=2).config
+    cfg.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "step.json"
+    assert main(["step", str(tmp_path / "tiny"), "--seqs", "6@0,5@0x2", "--arch", "h100-sxm",
+                 "--json", str(out), "-q", "--dtype", "float32"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["totals"]["macs"] == _macs([Seq(6, 0), Seq(5, 0), Seq(5, 0)], layers=2)
+    assert doc["bounds"][0]["arch"] == "h100-sxm"
+    out = tmp_path / "serve.json"
+    assert main(["serve", str(tmp_path / "tiny"), "--isl", "6", "--osl", "1", "--requests",
+                 "4", "--arch", "h100-sxm,b200", "--json", str(out), "-q", "--dtype",
+                 "float32", "--price", "2", "--no-chunked-prefill"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "solbound.serving/1" and [e["arch"] for e in doc["serving"]] == \
+        ["h100-sxm", "b200"]
+    for e in doc["serving"]:
+        assert set(e["ttft_seconds"]) >= {"p50", "p90", "p99"} and e["ttft_seconds"]["p50"] > 0
+        assert e["tpot_seconds"]["p50"] is None             # one output token: no decode
+        assert e["usd_per_million_output_tokens"] == pytest.approx(
+            2 / 3600 / e["output_tokens_per_second"] * 1e6)
+    capsys.readouterr()
+    (tmp_path / "w.yaml").write_text("")
+    assert main(["serve", str(tmp_path / "tiny"), "--workload", str(tmp_path / "w.yaml")]) == 2
+    assert "unknown workload format" in capsys.readouterr().err
