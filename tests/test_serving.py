@@ -31,8 +31,14 @@ def _llama(layers=L, window=None, positions=4096):
 
 
 @pytest.fixture(scope="module")
-def llama():
+def deep():
+    """Six layers: a step model reads them from traces of two (the shallow path)."""
     return StepModel(_llama())
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return StepModel(_llama(layers=2))
 
 
 @pytest.fixture(scope="module")
@@ -65,21 +71,22 @@ def test_cli_rejects_a_malformed_item_before_loading(capsys):
     assert len(err) == 1 and "7@" in err[0]
 
 
-def test_shallow_llama_step_equals_direct_traces(llama):
-    """A composition over the main regions of a 6-layer Llama (read from two-layer traces:
-    prefill, decode, extend and the one-token prefill)."""
-    assert llama._depths()[0][0] is not None            # the shallow path is taken
+def test_shallow_llama_step_equals_direct_traces(deep, llama):
+    """A prefill and a decode of a 6-layer Llama, read from traces of its first and
+    second layers; the 2-layer model (traced whole) over every main region."""
+    assert deep._depths()[0][0] is not None and llama._depths() == [(None, 1)]
+    _same(deep, [Seq(23, 0), Seq(1, 140)])
     _same(llama, [Seq(1, 0), Seq(23, 0), Seq(1, 140), Seq(9, 31)])
 
 
 @pytest.mark.slow
-def test_small_classes_equal_direct_traces(llama):
+def test_small_classes_equal_direct_traces(deep):
     """Random compositions with the small classes (2@0, 1@1, 1@2, n@1, 2@c), where a pass
     may special-case a tiny extent (a two-row arange's row 0 is known zero)."""
     rng = random.Random(7)
     fixed = [Seq(2, 0), Seq(1, 1), Seq(1, 2), Seq(5, 1), Seq(2, 9), Seq(4, 2)]
     for half in (fixed[:3], fixed[3:]):
-        _same(llama, half + [Seq(rng.randint(3, 60), rng.choice([0, rng.randint(3, 90)]))
+        _same(deep, half + [Seq(rng.randint(3, 60), rng.choice([0, rng.randint(3, 90)]))
                              for _ in range(2)] + [Seq(1, rng.randint(3, 200))])
 
 
@@ -103,7 +110,7 @@ def _macs(seqs, layers=L):
 
 def test_llama_macs_closed_form(llama):
     seqs = [Seq(37, 0), Seq(1, 500), Seq(12, 40)]
-    assert llama.counts(seqs).macs == _macs(seqs)
+    assert llama.counts(seqs).macs == _macs(seqs, layers=2)
 
 
 def test_a_step_validates_against_the_model(llama):
@@ -112,6 +119,7 @@ def test_a_step_validates_against_the_model(llama):
     assert rep.validation["status"] == "passed", rep.validation
 
 
+@pytest.mark.xdist_group("serving_window")
 def test_window_regions_equal_direct_traces(mistral):
     """A sliding window of 16: a prompt across it, a decode past it (the cache keeps 15
     rows, the mask 16 keys)."""
@@ -198,10 +206,12 @@ def test_offline_ttft_is_an_order_statistic(llama):
     assert s["p50"] == s["p99"] < t["p50"]
 
 
-def test_prefix_hits_lower_the_prefill(llama):
-    a = serve(llama, uniform(60, 2, 4), "h100-sxm")["serving"][0]
-    b = serve(llama, uniform(60, 2, 4), "h100-sxm", Limits(prefix_hit=0.5))["serving"][0]
-    assert b["ttft_seconds"]["p50"] < a["ttft_seconds"]["p50"]
+def test_prefix_hits_make_the_prefill_an_extend(llama):
+    """Half of a 60-token prompt found cached: the first token costs the step 30@30."""
+    doc = serve(llama, uniform(60, 2, 1), "h100-sxm", Limits(prefix_hit=0.5))
+    assert doc["workload"]["prefill_tokens_computed"] == 30
+    assert doc["serving"][0]["ttft_seconds"]["p50"] == pytest.approx(
+        llama.bound([Seq(30, 30)], "h100-sxm").seconds, rel=1e-12)
 
 
 def test_workload_files(tmp_path):
@@ -220,7 +230,8 @@ def test_workload_files(tmp_path):
         read_workload(str(tmp_path / "bad.csv"))
 
 
-def test_cli_step_and_serve_json(tmp_path, llama, capsys):
+@pytest.mark.xdist_group("serving_window")
+def test_cli_step_and_serve_json(tmp_path, capsys):
     """The CLI on a config file: ``step``'s JSON is the report schema with the step's exact
     totals; ``serve`` writes solbound.serving/1."""
     cfg = _llama(layers=2).config
@@ -247,3 +258,37 @@ def test_cli_step_and_serve_json(tmp_path, llama, capsys):
     (tmp_path / "w.yaml").write_text("")
     assert main(["serve", str(tmp_path / "tiny"), "--workload", str(tmp_path / "w.yaml")]) == 2
     assert "unknown workload format" in capsys.readouterr().err
+
+
+def test_measured_runs_headroom(tmp_path, llama):
+    """A vLLM --save-result --save-detailed file and an SGLang JSONL (two runs, the last
+    read) whose latencies are set from the bounds: 2x the bound reads 2.0, a request
+    faster than its bound is named."""
+    from solbound.serving.measured import headroom, read_run
+    reqs = [Request(30 + 3 * i, 2 + i % 4) for i in range(8)]
+    base = serve(llama, reqs, "h100-sxm", order_statistics=False, per_request=True)
+    lb = base["serving"][0]["requests"]
+    ttfts = [2 * t for t in lb["ttft_seconds"]]
+    ttfts[3] = 0.5 * lb["ttft_seconds"][3]
+    itls = [[3 * lb["tpot_seconds"][i]] * (r.output - 1) for i, r in enumerate(reqs)]
+    run = {"request_rate": 4.0, "max_concurrency": None, "output_throughput": 10.0,
+           "median_ttft_ms": 1e3 * 2 * base["serving"][0]["ttft_seconds"]["p50"],
+           "input_lens": [r.input for r in reqs], "output_lens": [r.output for r in reqs],
+           "ttfts": ttfts, "itls": itls, "errors": [""] * len(reqs)}
+    (tmp_path / "vllm.json").write_text(json.dumps(run))
+    (tmp_path / "sglang.jsonl").write_text(json.dumps({"output_throughput": 1.0}) + "\n"
+                                           + json.dumps(run) + "\n")
+    for name in ("vllm.json", "sglang.jsonl"):
+        r = read_run(str(tmp_path / name))
+        assert r.detailed and not r.all_at_once and r.requests == reqs
+        doc = serve(llama, r.requests, "h100-sxm", order_statistics=False, per_request=True)
+        h = headroom(r, doc)[0]
+        assert h["ttft_seconds"]["per_request"]["broken"] == [3]
+        assert h["ttft_seconds"]["per_request"]["max"] == pytest.approx(2.0)
+        assert h["ttft_seconds"]["p50"]["headroom"] == pytest.approx(2.0)
+        assert h["tpot_seconds"]["per_request"]["min"] == pytest.approx(3.0)
+        assert h["output_tokens_per_second"]["headroom"] == pytest.approx(
+            doc["serving"][0]["output_tokens_per_second"] / 10.0)
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(StepError, match="no serving metrics"):
+        read_run(str(tmp_path / "x.json"))

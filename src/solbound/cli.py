@@ -857,6 +857,10 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--workload", metavar="FILE",
                     help="per-request lengths and optional arrival times: .json, .jsonl or "
                          ".csv (input, output, arrival)")
+    se.add_argument("--measured", metavar="FILE",
+                    help="a vLLM `bench serve --save-result` JSON or SGLang `bench_serving` "
+                         "output: its headroom per metric (per request with --save-detailed "
+                         "/ --output-details, whose lengths are then the workload)")
     se.add_argument("--max-batched-tokens", type=_positive_int, default=8192,
                     help="new tokens per step at most (default 8192)")
     se.add_argument("--max-seqs", type=_positive_int, default=256,
@@ -926,18 +930,34 @@ def _pct(d: dict, scale: float = 1e3) -> str:
 
 def cmd_serve(a) -> int:
     from .serving.workload import Limits, read_workload, serve, uniform
+    from .serving.measured import headroom, read_run
     if a.workload and (a.isl or a.osl or a.requests):
         return _err("give --workload FILE or --isl/--osl/--requests, not both")
+    run = read_run(a.measured) if a.measured else None
     if a.workload:
         reqs = read_workload(a.workload)
     elif a.isl and a.osl:
         reqs = uniform(a.isl, a.osl, a.requests or 1)
+    elif run is not None and run.detailed:
+        reqs = run.requests
+    elif run is not None:
+        return _err(f"{a.measured} has no per-request lengths (vLLM: --save-detailed; SGLang: "
+                    f"--output-details): give them with --workload or --isl/--osl/--requests")
     else:
-        return _err("serve needs a workload: --isl N --osl N [--requests N] or --workload FILE")
+        return _err("serve needs a workload: --isl N --osl N [--requests N], --workload FILE "
+                    "or --measured FILE")
     limits = Limits(a.max_batched_tokens, a.max_seqs, not a.no_chunked_prefill, a.prefix_hit,
                     a.memory_fraction)
     sm = _step_model(a)
-    doc = serve(sm, reqs, a.arch, limits, a.price)
+    per_request = run is not None and run.detailed and reqs is run.requests
+    doc = serve(sm, reqs, a.arch, limits, a.price,
+                order_statistics=run is None or run.all_at_once, per_request=per_request)
+    if run is not None:
+        doc["measured"] = {"file": run.path, "all_at_once": run.all_at_once,
+                           "headroom": headroom(run, doc)}
+        if per_request:
+            for e in doc["serving"]:
+                e.pop("requests", None)
     if a.json:
         _write_json(doc, a.json)
     if a.json == "-":
@@ -957,6 +977,23 @@ def cmd_serve(a) -> int:
         print(f"    memory: {e['max_concurrent_sequences']} sequences of "
               f"{e['memory']['longest_tokens']} tokens fit next to "
               f"{e['memory']['weights_bytes'] / 1e9:.3g} GB of weights")
+    for h in doc.get("measured", {}).get("headroom", []):
+        print(f"  measured ({doc['measured']['file']}) on {h['arch']}: headroom = measured / "
+              f"bound (throughput: bound / measured)")
+        if "output_tokens_per_second" in h:
+            t = h["output_tokens_per_second"]
+            print(f"    output tok/s  {t['measured']:,.0f} of <= {t['bound']:,.0f}: "
+                  f"{t['headroom']:.2f}x")
+        for name in ("ttft", "tpot"):
+            rows = h[f"{name}_seconds"]
+            line = "  ".join(f"{k} {v['headroom']:.2f}x" for k, v in rows.items()
+                             if k != "per_request")
+            if "per_request" in rows:
+                r = rows["per_request"]
+                line += f"  per request min {r['min']:.2f}x median {r['p50']:.2f}x"
+                if r["broken"]:
+                    line += f"  BELOW THE BOUND: requests {r['broken']}"
+            print(f"    {name.upper():<5} {line}")
     for n in doc["notes"]:
         print(f"note: {n}")
     return 0

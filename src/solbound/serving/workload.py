@@ -259,8 +259,12 @@ def _bytes(pl: _Plan, tab: dict, steps):
     return b
 
 
-def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits) -> dict:
-    """The workload's lower bounds on one chip (one entry of the ``serving`` list)."""
+def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits,
+              order_statistics: bool = True, per_request: bool = False) -> dict:
+    """The workload's lower bounds on one chip (one entry of the ``serving`` list).
+    ``order_statistics``: all requests arrive together, so the k-th first token waits
+    for k prefills (off for a run whose requests were released over time: a rate or a
+    concurrency cap). ``per_request``: add each request's own TTFT and TPOT bounds."""
     import numpy as np
     n = len(pl.p)
     M, S = limits.max_batched_tokens, limits.max_seqs
@@ -285,7 +289,7 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits) -> dict:
             tpot[i] = work_bound(_row(pl.dec, i, "work:"), _row(pl.dec, i, "special:"),
                                  dec_bytes[i], 0, spec, "fused").seconds / steps[i]
     chain = ttft + np.nan_to_num(tpot) * steps
-    offline = bool(np.all(pl.arrival == pl.arrival[0]))
+    offline = order_statistics and bool(np.all(pl.arrival == pl.arrival[0]))
     ttft_sorted = np.sort(ttft)
     if offline:     # the k-th first token waits for the k cheapest prefills (docs/serving.md)
         ttft_sorted = np.maximum(ttft_sorted, _order_bound(pl, spec, pre_units))
@@ -313,7 +317,7 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits) -> dict:
     out_tokens = int(pl.out.sum())
     price = spec.price_per_hour
     tps = out_tokens / makespan
-    return {
+    entry = {
         "arch": spec.id, "makespan_seconds": makespan,
         "output_tokens_per_second": tps,
         "total_tokens_per_second": (out_tokens + int(pl.p.sum())) / makespan,
@@ -333,6 +337,10 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits) -> dict:
         "price_per_hour": price,
         "usd_per_million_output_tokens": price / 3600 / tps * 1e6 if price else None,
     }
+    if per_request:
+        entry["requests"] = {"ttft_seconds": ttft.tolist(),
+                             "tpot_seconds": [None if np.isnan(x) else float(x) for x in tpot]}
+    return entry
 
 
 def _order_bound(pl: _Plan, spec: Spec, units: list[dict]):
@@ -356,7 +364,8 @@ def _order_bound(pl: _Plan, spec: Spec, units: list[dict]):
 
 
 def serve(sm, requests: list[Request], arch=None, limits: Limits | None = None,
-          price: float | None = None) -> dict:
+          price: float | None = None, order_statistics: bool = True,
+          per_request: bool = False) -> dict:
     """The workload's lower bounds on each chip of ``arch`` (schema ``solbound.serving/1``).
     ``price``: USD per chip-hour (default: the catalog's ``[cost] price_per_hour``), for
     the cost per million output tokens."""
@@ -365,7 +374,8 @@ def serve(sm, requests: list[Request], arch=None, limits: Limits | None = None,
     pl = plan(sm, requests, limits)
     serving = []
     for spec in specs_of(arch):
-        entry = bounds_on(pl, spec, memory_of(sm, spec, limits.memory_fraction), limits)
+        entry = bounds_on(pl, spec, memory_of(sm, spec, limits.memory_fraction), limits,
+                          order_statistics, per_request)
         if price is not None:
             entry["price_per_hour"] = price
             entry["usd_per_million_output_tokens"] = (price / 3600
