@@ -72,10 +72,11 @@ def test_cli_rejects_a_malformed_item_before_loading(capsys):
 
 
 def test_shallow_llama_step_equals_direct_traces(deep, llama):
-    """A prefill and a decode of a 6-layer Llama, read from traces of its first and
-    second layers; the 2-layer model (traced whole) over every main region."""
+    """Prefills of a 6-layer Llama, read from traces of its first and second layers (the
+    decode region under the slow marker); the 2-layer model (traced whole) over every main
+    region."""
     assert deep._depths()[0][0] is not None and llama._depths() == [(None, 1)]
-    _same(deep, [Seq(23, 0), Seq(1, 140)])
+    _same(deep, [Seq(23, 0), Seq(7, 0)])
     _same(llama, [Seq(1, 0), Seq(23, 0), Seq(1, 140), Seq(9, 31)])
 
 
@@ -84,6 +85,7 @@ def test_small_classes_equal_direct_traces(deep):
     """Random compositions with the small classes (2@0, 1@1, 1@2, n@1, 2@c), where a pass
     may special-case a tiny extent (a two-row arange's row 0 is known zero)."""
     rng = random.Random(7)
+    _same(deep, [Seq(23, 0), Seq(1, 140)])
     fixed = [Seq(2, 0), Seq(1, 1), Seq(1, 2), Seq(5, 1), Seq(2, 9), Seq(4, 2)]
     for half in (fixed[:3], fixed[3:]):
         _same(deep, half + [Seq(rng.randint(3, 60), rng.choice([0, rng.randint(3, 90)]))
@@ -238,8 +240,9 @@ def test_cli_step_and_serve_json(tmp_path, capsys):
     cfg.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "step.json"
     assert main(["step", str(tmp_path / "tiny"), "--seqs", "6@0,5@0x2", "--arch", "h100-sxm",
-                 "--json", str(out), "-q", "--dtype", "float32"]) == 0
+                 "--json", str(out), "-q", "--dtype", "float32", "--price", "h100-sxm=3"]) == 0
     doc = json.loads(out.read_text())
+    assert doc["bounds"][0]["usd"] == pytest.approx(doc["bounds"][0]["seconds"] * 3 / 3600)
     assert doc["totals"]["macs"] == _macs([Seq(6, 0), Seq(5, 0), Seq(5, 0)], layers=2)
     assert doc["bounds"][0]["arch"] == "h100-sxm"
     out = tmp_path / "serve.json"
@@ -258,6 +261,9 @@ def test_cli_step_and_serve_json(tmp_path, capsys):
     (tmp_path / "w.yaml").write_text("")
     assert main(["serve", str(tmp_path / "tiny"), "--workload", str(tmp_path / "w.yaml")]) == 2
     assert "unknown workload format" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path / "tiny"), "--isl", "4", "--osl", "2", "--arch",
+                 "h100-sxm", "--price", "b200=3"]) == 2
+    assert "'b200' is not a chip" in capsys.readouterr().err
 
 
 def test_measured_runs_headroom(tmp_path, llama):

@@ -872,9 +872,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--memory-fraction", type=_fraction, default=0.9, metavar="F",
                     help="the share of the chip's memory for weights and cache (vLLM's "
                          "gpu_memory_utilization; default 0.9)")
-    se.add_argument("--price", type=float, default=None, metavar="USD",
-                    help="USD per chip-hour: the cost per million output tokens (default: "
-                         "the catalog's price, where it has one)")
+
     se.set_defaults(fn=cmd_serve)
     return p
 
@@ -909,8 +907,9 @@ def _write_json(doc: dict, path: str) -> None:
 def cmd_step(a) -> int:
     from .serving import parse_seqs
     seqs = parse_seqs(a.seqs)               # a malformed item fails before the model loads
+    prices = _serving_prices(a)
     sm = _step_model(a)
-    doc = sm.to_dict(seqs, a.arch)
+    doc = sm.to_dict(seqs, a.arch, prices)
     if a.json:
         _write_json(doc, a.json)
     if a.json != "-":
@@ -919,13 +918,26 @@ def cmd_step(a) -> int:
               f"{t['macs']:.4g} MACs, {t['bytes']['fused'] / 1e9:.4g} GB fused "
               f"({sm.traces} traces, regions {len(sm.regions)})")
         for b in doc["bounds"]:
-            print(f"  {b['arch']:<14} {b['seconds'] * 1e3:10.4f} ms  {b['bound']}-bound")
+            cost = f"  ${b['usd']:.3g} a step" if b["usd"] else ""
+            print(f"  {b['arch']:<14} {b['seconds'] * 1e3:10.4f} ms  {b['bound']}-bound{cost}")
     return 0
 
 
 def _pct(d: dict, scale: float = 1e3) -> str:
     return "  ".join(f"{k} {v * scale:.4g}" if v is not None else f"{k} -"
                      for k, v in d.items() if k.startswith("p"))
+
+
+def _serving_prices(a) -> dict[str, float] | None:
+    """``--price`` of step and serve, per chip of ``--arch`` (checked before the model
+    loads)."""
+    if not a.price:
+        return None
+    from .pipeline import specs_of
+    try:
+        return _prices(a.price, [s.id for s in specs_of(a.arch)])
+    except ValueError as e:
+        raise _Usage(str(e)) from None
 
 
 def cmd_serve(a) -> int:
@@ -948,9 +960,10 @@ def cmd_serve(a) -> int:
                     "or --measured FILE")
     limits = Limits(a.max_batched_tokens, a.max_seqs, not a.no_chunked_prefill, a.prefix_hit,
                     a.memory_fraction)
+    prices = _serving_prices(a)
     sm = _step_model(a)
     per_request = run is not None and run.detailed and reqs is run.requests
-    doc = serve(sm, reqs, a.arch, limits, a.price,
+    doc = serve(sm, reqs, a.arch, limits, prices,
                 order_statistics=run is None or run.all_at_once, per_request=per_request)
     if run is not None:
         doc["measured"] = {"file": run.path, "all_at_once": run.all_at_once,
@@ -1012,6 +1025,10 @@ def _serving_args(p: argparse.ArgumentParser) -> None:
                         "else bfloat16)")
     p.add_argument("--json", metavar="PATH", help="write the JSON (- for stdout)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--price", default=None, metavar="[ARCH=]USD",
+                   help="USD per chip-hour (ARCH=USD,... per chip; a bare number for every "
+                        "chip): the cost of a step, of a million output tokens (default: the "
+                        "chip's [cost] price_per_hour, where it has one)")
 
 
 def cmd_sweep(a) -> int:

@@ -839,8 +839,9 @@ class StepModel:
     def seconds(self, seqs, spec: Spec) -> float:
         return self.bound(seqs, spec).seconds
 
-    def to_dict(self, seqs, arch=None) -> dict:
-        """The report schema ``analyze`` writes (``totals``, ``bounds``), for a step."""
+    def to_dict(self, seqs, arch=None, prices: dict[str, float] | None = None) -> dict:
+        """The report schema ``analyze`` writes (``totals``, ``bounds``), for a step; each
+        bound's ``usd``: its seconds at ``prices[arch]`` (else the catalog's) per chip-hour."""
         from ..report.report import SCHEMA
         seqs = self.check(seqs)
         c = self.counts(seqs)
@@ -857,8 +858,20 @@ class StepModel:
                             "pipe_seconds": b.pipe_seconds, "unit_seconds": b.unit_seconds,
                             "binding_unit": b.binding_unit, "peaks": b.peaks,
                             "bandwidth": b.bandwidth, "notes": b.notes,
-                            "explanation": b.explanation}
+                            "explanation": b.explanation,
+                            "usd": _usd(b, prices)}
                            for b in self.bounds(seqs, arch)]}
+
+
+def _usd(b: Bound, prices: dict[str, float] | None) -> float | None:
+    from ..hardware.catalog import load_spec
+    p = (prices or {}).get(b.arch)
+    if p is None:
+        try:
+            p = load_spec(b.arch).price_per_hour
+        except Exception:  # noqa: BLE001 - a chip file outside the catalog: no price
+            p = None
+    return b.seconds * p / 3600 if p else None
 
 
 def regions_of(seqs: Iterable[Seq], windows: tuple[int, ...]) -> set[tuple]:

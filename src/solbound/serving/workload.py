@@ -364,11 +364,11 @@ def _order_bound(pl: _Plan, spec: Spec, units: list[dict]):
 
 
 def serve(sm, requests: list[Request], arch=None, limits: Limits | None = None,
-          price: float | None = None, order_statistics: bool = True,
+          price: float | dict[str, float] | None = None, order_statistics: bool = True,
           per_request: bool = False) -> dict:
     """The workload's lower bounds on each chip of ``arch`` (schema ``solbound.serving/1``).
-    ``price``: USD per chip-hour (default: the catalog's ``[cost] price_per_hour``), for
-    the cost per million output tokens."""
+    ``price``: USD per chip-hour, one for every chip or per chip id (default: the catalog's
+    ``[cost] price_per_hour``), for the cost per million output tokens."""
     import numpy as np
     limits = limits or Limits()
     pl = plan(sm, requests, limits)
@@ -376,9 +376,10 @@ def serve(sm, requests: list[Request], arch=None, limits: Limits | None = None,
     for spec in specs_of(arch):
         entry = bounds_on(pl, spec, memory_of(sm, spec, limits.memory_fraction), limits,
                           order_statistics, per_request)
-        if price is not None:
-            entry["price_per_hour"] = price
-            entry["usd_per_million_output_tokens"] = (price / 3600
+        usd = price.get(spec.id) if isinstance(price, dict) else price
+        if usd is not None:
+            entry["price_per_hour"] = usd
+            entry["usd_per_million_output_tokens"] = (usd / 3600
                                                       / entry["output_tokens_per_second"] * 1e6)
         serving.append(entry)
     return {"schema": SCHEMA, "model": sm.name,
