@@ -859,18 +859,13 @@ class StepModel:
                             "binding_unit": b.binding_unit, "peaks": b.peaks,
                             "bandwidth": b.bandwidth, "notes": b.notes,
                             "explanation": b.explanation,
-                            "usd": _usd(b, prices)}
-                           for b in self.bounds(seqs, arch)]}
+                            "usd": _usd(b, spec, prices)}
+                           for b, spec in zip(self.bounds(seqs, arch), specs_of(arch))]}
 
 
-def _usd(b: Bound, prices: dict[str, float] | None) -> float | None:
-    from ..hardware.catalog import load_spec
-    p = (prices or {}).get(b.arch)
-    if p is None:
-        try:
-            p = load_spec(b.arch).price_per_hour
-        except Exception:  # noqa: BLE001 - a chip file outside the catalog: no price
-            p = None
+def _usd(b: Bound, spec: Spec, prices: dict[str, float] | None) -> float | None:
+    """A bound's cost at ``prices[arch]`` USD per chip-hour, else the chip's own price."""
+    p = (prices or {}).get(b.arch, spec.price_per_hour)
     return b.seconds * p / 3600 if p else None
 
 
