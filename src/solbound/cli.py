@@ -21,10 +21,7 @@ def _err(msg: str, code: int = 2) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("program", help="FILE.py (KernelBench convention: Model, get_inputs, "
                                    "get_init_inputs) or pkg.module:factory")
-    p.add_argument("--arch", default=None,
-                   help="comma-separated chip ids (see `solbound chips`), 'all', or a spec .toml")
-    p.add_argument("--precision-policy", default=None,
-                   help="default | tf32 | fp32 | matmul=tf32,conv=fp32,attention=fp32")
+    _chip_args(p)
     p.add_argument("--clock", default=None, metavar="max|datasheet|MHz",
                    help="the clock every chip's compute peaks are scaled to: max (default: "
                         "each chip's highest boost clock, a bound no kernel beats), datasheet "
@@ -49,6 +46,14 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "make_optimizer(model), else AdamW with its defaults)")
     _parallel_args(p)
     _agent_args(p)
+
+
+def _chip_args(p: argparse.ArgumentParser) -> None:
+    """``--arch`` and ``--precision-policy``, shared by every command that bounds a program."""
+    p.add_argument("--arch", default=None,
+                   help="comma-separated chip ids (see `solbound chips`), 'all', or a spec .toml")
+    p.add_argument("--precision-policy", default=None,
+                   help="default | tf32 | fp32 | matmul=tf32,conv=fp32,attention=fp32")
 
 
 def _agent_args(p: argparse.ArgumentParser) -> None:
@@ -894,24 +899,15 @@ def _step_model(a):
                      progress=not a.quiet)
 
 
-def _write_json(doc: dict, path: str) -> None:
-    import json
-    text = json.dumps(doc, indent=2, default=str)
-    if path == "-":
-        print(text)
-    else:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
-
-
 def cmd_step(a) -> int:
+    from .report.report import dumps
     from .serving import parse_seqs
     seqs = parse_seqs(a.seqs)               # a malformed item fails before the model loads
     prices = _serving_prices(a)
     sm = _step_model(a)
     doc = sm.to_dict(seqs, a.arch, prices)
     if a.json:
-        _write_json(doc, a.json)
+        _write(a.json, dumps(doc, indent=2) + "\n")
     if a.json != "-":
         t = doc["totals"]
         print(f"{sm.name} step: {t['sequences']} sequences, {t['tokens']} new tokens; "
@@ -941,6 +937,7 @@ def _serving_prices(a) -> dict[str, float] | None:
 
 
 def cmd_serve(a) -> int:
+    from .report.report import dumps
     from .serving.workload import Limits, read_workload, serve, uniform
     from .serving.measured import headroom, read_run
     if a.workload and (a.isl or a.osl or a.requests):
@@ -972,7 +969,7 @@ def cmd_serve(a) -> int:
             for e in doc["serving"]:
                 e.pop("requests", None)
     if a.json:
-        _write_json(doc, a.json)
+        _write(a.json, dumps(doc, indent=2) + "\n")
     if a.json == "-":
         return 0
     w = doc["workload"]
@@ -1016,10 +1013,7 @@ def _serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a transformers config: a directory with config.json, a "
                                  ".json file or a bundled name (llama-3-8b, mistral-7b); or "
                                  "pkg.module:factory returning a causal LM")
-    p.add_argument("--arch", default=None,
-                   help="comma-separated chip ids (see `solbound chips`), 'all', or a spec .toml")
-    p.add_argument("--precision-policy", default=None,
-                   help="default | tf32 | fp32 | matmul=tf32,conv=fp32,attention=fp32")
+    _chip_args(p)
     p.add_argument("--dtype", default=None,
                    help="the weights' and cache's dtype (default: the config's torch_dtype, "
                         "else bfloat16)")

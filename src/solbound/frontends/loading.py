@@ -97,22 +97,29 @@ def check_params(spec: str, target, params: dict, *, module_names: bool = False)
                             f"{took})")
 
 
+def factory_of(spec: str):
+    """The function ``pkg.module:name`` names, imported from the current directory as
+    ``python -c`` would; each failure one line naming it."""
+    import importlib
+    modname, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(modname)
+    except Exception as e:  # noqa: BLE001
+        raise FrontendError(f"{spec}: does not import: {oneline(e)}") from None
+    fn = getattr(mod, attr, None)
+    if not callable(fn):
+        raise FrontendError(f"{spec}: {modname} has no function {attr!r}")
+    return fn
+
+
 def example_of(spec: str, params: dict | None = None) -> tuple:
     """``(function, args)`` from a file whose ``example()`` returns them (``params``
     replace its module-level constants) or from a ``pkg.module:factory`` (``params``: its
     keyword arguments); each failure one line naming the file."""
-    import importlib
     if ":" in spec and not spec.endswith(".py"):
-        modname, _, attr = spec.partition(":")
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        try:
-            mod = importlib.import_module(modname)
-        except Exception as e:  # noqa: BLE001
-            raise FrontendError(f"{spec}: does not import: {oneline(e)}") from None
-        fn = getattr(mod, attr, None)
-        if not callable(fn):
-            raise FrontendError(f"{spec}: {modname} has no function {attr!r}")
+        fn = factory_of(spec)
         check_params(spec, fn, params or {})
         what, call = "factory", lambda: fn(**(params or {}))
     else:

@@ -61,8 +61,8 @@ def read_run(path: str) -> Run:
         raise StepError(f"{path}: {e.strerror}") from None
     lines = [x for x in text.splitlines() if x.strip()]
     try:
-        data = json.loads(text) if not path.endswith(".jsonl") else json.loads(lines[-1])
-    except (json.JSONDecodeError, IndexError):
+        data = json.loads(text)
+    except json.JSONDecodeError:
         try:                                   # SGLang appends one JSON object per run
             data = json.loads(lines[-1])
         except (json.JSONDecodeError, IndexError):

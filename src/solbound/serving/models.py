@@ -40,15 +40,14 @@ def load_model(spec: str, dtype: str | None = None):
     import torch
     path = _config_path(spec)
     if path is None and ":" in spec:
-        import importlib
-        import sys
-        modname, _, attr = spec.partition(":")
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
+        from ..frontends.contract import FrontendError
+        from ..frontends.loading import factory_of
         try:
-            model = getattr(importlib.import_module(modname), attr)()
+            model = factory_of(spec)()
+        except FrontendError as e:
+            raise StepError(str(e)) from None
         except Exception as e:  # noqa: BLE001 - one line for the user
-            raise StepError(f"{spec}: {type(e).__name__}: {e}") from None
+            raise StepError(f"{spec}: factory failed: {type(e).__name__}: {e}") from None
         return model.eval() if hasattr(model, "eval") else model
     if path is None:
         raise StepError(f"{spec}: not a model directory, a config .json, a bundled config "
