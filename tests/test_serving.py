@@ -298,3 +298,56 @@ def test_measured_runs_headroom(tmp_path, llama):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(StepError, match="no serving metrics"):
         read_run(str(tmp_path / "x.json"))
+
+
+# --- tensor parallelism: one rank of the model's own plan -------------------------------
+
+@pytest.fixture(scope="module")
+def llama_tp2():
+    return StepModel(_llama(layers=2), tp=2)
+
+
+def test_tensor_parallel_step_equals_rank_traces(llama_tp2):
+    """At TP 2 (transformers' own plan, rank 0 under a fake process group) the step's counts
+    and collectives from its regions equal a direct trace of rank 0's program; the
+    collectives' payloads are derived by hand: per sequence an all-reduce of the
+    vocabulary-parallel embedding's rows and of each layer's row-wise o_proj and down_proj
+    over every new token (fp32: 4 bytes), and an all-gather of the last token's logits."""
+    sm = llama_tp2
+    seqs = [Seq(5, 0), Seq(1, 7), Seq(4, 9)]
+    got = sm.counts(seqs)
+    rep = sm.trace(seqs, arch="h100-sxm", modes=("fused",))
+    assert got.macs == rep.counts.macs and got.bytes == rep.counts.fused.bytes
+    want_comm = {}
+    for c in rep.counts.collectives:
+        key = f"{c.kind}:{c.ranks}"
+        want_comm[key] = want_comm.get(key, 0) + c.bytes * c.calls
+    assert got.comm == want_comm == {
+        "all_reduce:2": sum((1 + 2 * 2) * s.new * D * 4 for s in seqs),
+        "all_gather:2": len(seqs) * V * 4}
+    fast = sm.bound(seqs, "h100-sxm")
+    direct = next(b for b in rep.bounds if b.mode == "fused")
+    assert fast.seconds == pytest.approx(direct.seconds, rel=1e-12)
+    assert direct.comm_seconds > 0
+    assert fast.comm_seconds == pytest.approx(direct.comm_seconds, rel=1e-12)
+    # the rank's KV heads and weights: KV/2 heads; every projection, the embedding and the
+    # LM head halved, the norms whole
+    assert sm.layout[0].key == (KV // 2, HD)
+    layer = D * H * HD * 2 + 2 * D * KV * HD + 3 * D * F
+    assert sm.weights_bytes() == 4 * (2 * (layer // 2 + 2 * D) + D + 2 * V * D // 2)
+    with pytest.raises(StepError, match="tensor-parallel"):
+        sm.trace(seqs, validate=True)
+
+
+def test_tensor_parallel_serving_is_per_replica(llama_tp2, llama):
+    """A workload at TP 2: throughput per replica and per chip, a replica's price twice a
+    chip's, the per-rank weights in memory; a head count that does not split is one line."""
+    doc = serve(llama_tp2, uniform(12, 4, 6), "h100-sxm", Limits(), price=2.0)
+    e = doc["serving"][0]
+    assert e["tp"] == 2 and e["output_tokens_per_second_per_chip"] == pytest.approx(
+        e["output_tokens_per_second"] / 2)
+    assert e["price_per_hour"] == 4.0
+    assert e["memory"]["weights_bytes"] == llama_tp2.weights_bytes()
+    assert e["work_seconds"]["communication"] > 0
+    with pytest.raises(StepError, match="does not split over 3"):
+        StepModel(_llama(layers=2), tp=3)

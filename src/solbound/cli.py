@@ -896,7 +896,7 @@ def _step_model(a):
     from .serving import StepModel
     from .serving.models import load_model
     return StepModel(load_model(a.model, a.dtype), precision_policy=a.precision_policy,
-                     progress=not a.quiet)
+                     progress=not a.quiet, tp=a.tp)
 
 
 def cmd_step(a) -> int:
@@ -915,7 +915,10 @@ def cmd_step(a) -> int:
               f"({sm.traces} traces, regions {len(sm.regions)})")
         for b in doc["bounds"]:
             cost = f"  ${b['usd']:.3g} a step" if b["usd"] else ""
-            print(f"  {b['arch']:<14} {b['seconds'] * 1e3:10.4f} ms  {b['bound']}-bound{cost}")
+            comm = (f" (link {b['comm_seconds'] * 1e3:.4f} ms)" if b.get("comm_seconds")
+                    else "")
+            print(f"  {b['arch']:<14} {b['seconds'] * 1e3:10.4f} ms  {b['bound']}-bound"
+                  f"{comm}{cost}")
     return 0
 
 
@@ -980,13 +983,16 @@ def cmd_serve(a) -> int:
     for e in doc["serving"]:
         cost = (f", >= ${e['usd_per_million_output_tokens']:.4g} per million output tokens"
                 if e["usd_per_million_output_tokens"] else "")
+        per_chip = (f" ({e['output_tokens_per_second_per_chip']:,.0f} per chip of TP "
+                    f"{e['tp']})" if e["tp"] > 1 else "")
         print(f"  {e['arch']}: makespan {e['makespan_seconds']:.4g} s, <= "
-              f"{e['output_tokens_per_second']:,.0f} output tok/s ({e['bound']}){cost}")
+              f"{e['output_tokens_per_second']:,.0f} output tok/s{per_chip} ({e['bound']}){cost}")
         print(f"    TTFT  {_pct(e['ttft_seconds'])}")
         print(f"    TPOT  {_pct(e['tpot_seconds'])}")
         print(f"    memory: {e['max_concurrent_sequences']} sequences of "
               f"{e['memory']['longest_tokens']} tokens fit next to "
-              f"{e['memory']['weights_bytes'] / 1e9:.3g} GB of weights")
+              f"{e['memory']['weights_bytes'] / 1e9:.3g} GB of weights"
+              f"{' per chip' if e['tp'] > 1 else ''}")
     for h in doc.get("measured", {}).get("headroom", []):
         print(f"  measured ({doc['measured']['file']}) on {h['arch']}: headroom = measured / "
               f"bound (throughput: bound / measured)")
@@ -1017,6 +1023,10 @@ def _serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None,
                    help="the weights' and cache's dtype (default: the config's torch_dtype, "
                         "else bfloat16)")
+    p.add_argument("--tp", type=_positive_int, default=1, metavar="N",
+                   help="tensor parallelism: the model sharded N ways by its own plan "
+                        "(transformers' base_model_tp_plan); counts and bounds are one rank's, "
+                        "with its all-reduces over the chip's link (default 1)")
     p.add_argument("--json", metavar="PATH", help="write the JSON (- for stdout)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--price", default=None, metavar="[ARCH=]USD",

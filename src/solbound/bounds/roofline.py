@@ -223,10 +223,12 @@ def _split_special(special, spec: Spec, per_pipe, peaks, per_unit, notes, emulat
 
 
 def work_bound(work: dict[str, float], special: dict[str, float], nbytes: int, flops: int,
-               spec: Spec, mode: str, explanation: str = "") -> Bound:
+               spec: Spec, mode: str, explanation: str = "", collectives=()) -> Bound:
     """The roofline of some work per pipe (``special``: its SFU ops by function) and
     ``nbytes`` of DRAM traffic on ``spec``: what :func:`program_bounds` computes for one
-    fidelity, for callers that sum work themselves (a serving step composed of sequences).
+    fidelity, for callers that sum work themselves (a serving step composed of sequences);
+    ``collectives`` (``analysis.counts.Collective``-like: ``kind``, ``members``, ``bytes``,
+    ``perm``, ``calls``, ``ranks``) add their link time as :func:`program_bounds` does.
 
     >>> from solbound.hardware.catalog import load_spec
     >>> b = work_bound({"tensor_bf16": 989.4e12}, {}, 0, 989_400_000_000_000,
@@ -242,7 +244,22 @@ def work_bound(work: dict[str, float], special: dict[str, float], nbytes: int, f
               nbytes, flops, flops / nbytes if nbytes else float("inf"), per_pipe, peaks,
               spec.bandwidth, notes, None, per_unit, None, explanation)
     b.emulated = emulated
+    if collectives:
+        from .comm import comm_time
+        _with_comm(b, comm_time(collectives, spec))
     return b
+
+
+def _with_comm(b: Bound, comm) -> None:
+    """``b`` with its rank's communication: overlapped in ``seconds`` (the max), added in
+    ``no_overlap_seconds`` (and ``serial_seconds``)."""
+    t = b.seconds
+    b.comm_seconds, b.link_bandwidth = comm.seconds, comm.link_bandwidth
+    b.no_overlap_seconds = t + comm.seconds
+    if comm.seconds > t:
+        b.seconds, b.bound = comm.seconds, "communication"
+    if b.serial_seconds is not None:
+        b.serial_seconds += comm.seconds
 
 
 def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
@@ -273,21 +290,14 @@ def program_bounds(pc: ProgramCounts, spec: Spec, policy: Policy, graph=None,
                 gw, gs = work_of([pc.kernels[i] for i in g.kernels], policy)
                 serial += max(_compute(gw, spec, [], gs)[0], g.traffic.bytes / spec.bandwidth)
         t = max(t_c, t_m)
-        binding = "compute" if t_c >= t_m else "memory"
-        t_comm = comm.seconds if comm else 0.0
-        if t_comm > t:
-            binding = "communication"
-        b = Bound(spec.id, mode, max(t, t_comm), t_c, t_m, binding,
+        b = Bound(spec.id, mode, t, t_c, t_m, "compute" if t_c >= t_m else "memory",
                   traffic.bytes, total_flops,
                   total_flops / traffic.bytes if traffic.bytes else float("inf"),
                   per_pipe, peaks, spec.bandwidth, list(notes), serial, per_unit,
                   traffic.cache_bytes, traffic.explanation, traffic.detail)
         b.emulated = dict(emulated)
         if comm:
-            b.comm_seconds, b.link_bandwidth = t_comm, comm.link_bandwidth
-            b.no_overlap_seconds = t + t_comm
-            if serial is not None:
-                b.serial_seconds = serial + t_comm
+            _with_comm(b, comm)
         out.append(b)
     return out
 

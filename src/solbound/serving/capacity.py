@@ -74,13 +74,15 @@ class Memory:
 
 
 def weights_bytes(model) -> int:
-    """The bytes of the model's parameters and persistent buffers (tied weights once)."""
+    """The bytes of the model's parameters and persistent buffers (tied weights once); of a
+    DTensor (a tensor-parallel shard), this rank's local part."""
     seen, total = set(), 0
     for t in list(model.parameters()) + [b for _, b in _persistent_buffers(model)]:
         if id(t) in seen:
             continue
         seen.add(id(t))
-        total += t.numel() * t.element_size()
+        local = t.to_local() if hasattr(t, "to_local") else t
+        total += local.numel() * local.element_size()
     return total
 
 
@@ -106,10 +108,13 @@ def memory_of(step_model, spec: Spec, fraction: float = 0.9) -> Memory:
     weights alone do not fit ``capacity * fraction``."""
     if not 0 < fraction <= 1:
         raise StepError(f"memory fraction {fraction} is not in (0, 1]")
-    m = Memory(dram_capacity(spec), fraction, weights_bytes(step_model.model),
+    m = Memory(dram_capacity(spec), fraction, step_model.weights_bytes(),
                tuple(step_model.layout))
     if m.free <= 0:
-        raise StepError(f"{step_model.name}'s weights ({m.weights / 1e9:.1f} GB) do not fit "
-                        f"{fraction:g} of {spec.id}'s {m.capacity / 1e9:.0f} GB; serving across "
-                        f"chips (tensor parallelism) is not modelled yet")
+        tp = getattr(step_model, "tp", 1)
+        need = math.ceil(m.weights * tp / (m.capacity * fraction))      # chips, at least
+        raise StepError(f"{step_model.name}'s weights ({m.weights / 1e9:.1f} GB"
+                        f"{' per chip' if tp > 1 else ''}) do not fit {fraction:g} of "
+                        f"{spec.id}'s {m.capacity / 1e9:.0f} GB: they need at least "
+                        f"{need} chips (--tp {1 << (need - 1).bit_length()} or more)")
     return m

@@ -36,6 +36,8 @@ per sequence) and puts the sums on the roofline (``bounds.roofline.work_bound``)
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import inspect
 import random
 import re
@@ -376,9 +378,12 @@ class _Sequences:
         self.model, self.layout = model, layout
         self.keep = "logits_to_keep" in inspect.signature(model.forward).parameters
 
-    def module(self, seqs: list[Seq]):
+    def module(self, seqs: list[Seq], model=None):
+        """The step module over ``model`` (default: the model; a tensor-parallel rank's
+        sharded copy under :meth:`StepModel._rank`)."""
         import torch
-        model, layout, keep = self.model, self.layout, self.keep
+        model = self.model if model is None else model
+        layout, keep = self.layout, self.keep
 
         class Step(torch.nn.Module):
             def __init__(self):
@@ -401,15 +406,18 @@ class _Sequences:
                                        use_cache=True, **kw).logits)
                 return tuple(outs)
 
-        return Step()
+        step = Step()
+        if getattr(model, "solbound_tp", None):   # one rank of transformers' own TP plan
+            step.solbound_tp = model.solbound_tp
+        return step
 
-    def inputs(self, seqs: list[Seq], real: bool = False, seed: int = 0) -> list:
-        """Random token ids and cache rows with ``real``; else zeros on the model's device
-        (meta tensors for a model built on the meta device)."""
+    def inputs(self, seqs: list[Seq], real: bool = False, seed: int = 0, model=None) -> list:
+        """Random token ids and cache rows with ``real``; else zeros on the device of
+        ``model`` (default: the model; meta tensors for a model built on the meta device)."""
         import torch
         g = torch.Generator().manual_seed(seed)
         vocab = _text_config(self.model).vocab_size
-        p = next(self.model.parameters(), None)
+        p = next((self.model if model is None else model).parameters(), None)
         dev = "cpu" if real or p is None else p.device
         flat = []
         for s in seqs:
@@ -439,11 +447,40 @@ class StepCounts:
     sequences: int
     tokens: int
     exact: bool = True
+    # a tensor-parallel rank's collectives: ``KIND:RANKS`` -> payload bytes summed over calls
+    comm: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"macs": self.macs, "flops": sum(self.flops.values()),
-                "flops_by_unit": dict(self.flops), "bytes": {"fused": self.bytes},
-                "exact": self.exact, "sequences": self.sequences, "tokens": self.tokens}
+        d = {"macs": self.macs, "flops": sum(self.flops.values()),
+             "flops_by_unit": dict(self.flops), "bytes": {"fused": self.bytes},
+             "exact": self.exact, "sequences": self.sequences, "tokens": self.tokens}
+        if self.comm:
+            d["collectives"] = [{"kind": k.split(":")[0], "ranks": int(k.split(":")[1]),
+                                 "bytes": v} for k, v in sorted(self.comm.items())]
+        return d
+
+    def collectives(self) -> list:
+        """The step's collectives as ``bounds.comm.comm_time`` takes them: one per kind
+        and group size, its payload the sum over the step's calls (the time is linear in
+        the payload on each link)."""
+        out = []
+        for k, v in sorted(self.comm.items()):
+            kind, ranks = k.split(":")
+            out.append(StepCollective(kind, int(round(v)), int(ranks)))
+        return out
+
+
+@dataclass(frozen=True)
+class StepCollective:
+    kind: str
+    bytes: int
+    ranks: int
+    calls: int = 1
+    perm: tuple = ()
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return tuple(range(self.ranks))
 
 
 def _integral(x: float, what: str) -> int:
@@ -475,6 +512,12 @@ def components(rep, policy: Policy) -> tuple[dict[str, int], dict[str, int]]:
               if tm[t].role in ("parameter", "buffer", "constant")}
     d["bytes"] = pc.fused.bytes - sum(shared.values())
     d.update({f"read:{t}": b for t, b in shared.items()})
+    for c in pc.collectives:
+        if c.group and tuple(c.group) != tuple(range(c.ranks)):
+            raise StepError(f"collective {c.kind} over ranks {c.group}: a step reads "
+                            f"collectives over the whole tensor-parallel group only")
+        key = f"comm:{c.kind}:{c.ranks}"
+        d[key] = d.get(key, 0) + c.bytes * c.calls
     return d, {t: tm[t].nbytes for t in shared}
 
 
@@ -515,15 +558,20 @@ class StepModel:
     progress: bool = False
     seed: int = 0
     shallow: bool = True
+    tp: int = 1
     layout: list[CacheLayer] = field(init=False)
     windows: tuple[int, ...] = field(init=False)
     regions: dict = field(init=False, default_factory=dict)
     traces: int = field(init=False, default=0)
     _sizes: dict = field(init=False, default_factory=dict)
     _sizes_total: dict | None = field(init=False, default=None)
+    _weights: int | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.layout = cache_layout(self.model)
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise StepError(f"tensor-parallel degree {self.tp!r}: expected a positive integer")
+        with self._rank() as m:
+            self.layout = cache_layout(m)
         self.windows = tuple(sorted({L.window for L in self.layout if L.window}))
         self.thresholds = _expert_thresholds(_text_config(self.model))
         self.policy = (self.precision_policy if isinstance(self.precision_policy, Policy)
@@ -531,7 +579,7 @@ class StepModel:
         self._build = _Sequences(self.model, self.layout)
         cfg = _text_config(self.model)
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
-        self.name = type(self.model).__name__
+        self.name = type(self.model).__name__ + (f" (TP {self.tp})" if self.tp > 1 else "")
         self._stack = _layer_stack(self.model, len(self.layout))
         self._signatures = ([_signature(layer, i, cfg, self.layout[i])
                              for i, layer in enumerate(self._stack[2])]
@@ -539,20 +587,57 @@ class StepModel:
 
     # -- tracing ---------------------------------------------------------------
 
-    def program(self, seqs, real: bool = False):
+    @contextlib.contextmanager
+    def _rank(self):
+        """The model as rank 0 of ``tp`` holds it, for the duration: with ``tp > 1`` a meta
+        copy sharded by the model's own tensor-parallel plan (``--tp``,
+        ``frontends/torch/parallel.py``) under a fake process group of ``tp`` ranks, grad
+        off (transformers' tensor-parallel layers run on local shards with explicit
+        all-reduces for inference); else the model itself."""
+        if self.tp == 1:
+            yield self.model
+            return
+        import torch
+        from ..frontends.torch.distributed import fake_world
+        from ..frontends.torch.parallel import ParallelError, tensor_parallel
+        meta = _on_meta(self.model)
+        m = copy.deepcopy(meta) if meta is self.model else meta
+        with fake_world(self.tp), torch.no_grad():
+            try:
+                m = tensor_parallel(m, self.tp)
+            except ParallelError as e:
+                raise StepError(f"{type(self.model).__name__}: {e}") from None
+            yield m
+
+    def program(self, seqs, real: bool = False, model=None):
         """``(module, inputs)``: the step program of ``seqs`` (real random inputs with
-        ``real``, for validation; else meta tensors)."""
+        ``real``, for validation; else meta tensors) over ``model`` (default: the model)."""
         seqs = self.check(seqs)
-        return self._build.module(seqs), self._build.inputs(seqs, real=real, seed=self.seed)
+        return (self._build.module(seqs, model),
+                self._build.inputs(seqs, real=real, seed=self.seed, model=model))
 
     def trace(self, seqs, arch=None, validate: bool = False, **options):
         """The step program of ``seqs`` traced and analyzed directly (``solbound.analyze``):
-        what :meth:`counts` must equal."""
+        what :meth:`counts` must equal. With ``tp > 1``: rank 0's program (its shards, its
+        collectives)."""
         from ..api import analyze
+        if validate and self.tp > 1:
+            raise StepError("validating a tensor-parallel step is not done: validate the "
+                            "step at tp=1 (the same program on one rank's shards is the "
+                            "analysis of `solbound analyze --tp N --validate`)")
         real = validate and self._has_values()
-        module, inputs = self.program(seqs, real=real)
-        return analyze(module, inputs, arch=arch, precision_policy=self.policy,
-                       validate=validate, **options)
+        with self._rank() as m:
+            module, inputs = self.program(seqs, real=real, model=m)
+            return analyze(module, inputs, arch=arch, precision_policy=self.policy,
+                           validate=validate, **options)
+
+    def weights_bytes(self) -> int:
+        """The bytes of the weights one chip holds (rank 0's shards with ``tp > 1``)."""
+        if self._weights is None:
+            from .capacity import weights_bytes
+            with self._rank() as m:
+                self._weights = weights_bytes(m)
+        return self._weights
 
     def _has_values(self) -> bool:
         p = next(self.model.parameters(), None)
@@ -794,7 +879,7 @@ class StepModel:
             return {c.split(":", 1)[1]: v for c, v in sorted(totals.items())
                     if c.startswith(prefix) and v}
         return StepCounts(totals.get("macs", 0), part("flops:"), nbytes, part("work:"),
-                          part("special:"), sequences, tokens, exact)
+                          part("special:"), sequences, tokens, exact, part("comm:"))
 
     def fast_counts(self, seqs) -> StepCounts:
         """:meth:`counts` in floating point (relative error ~1e-16, for a scheduler's inner
@@ -823,10 +908,13 @@ class StepModel:
         """The step's fused roofline on each chip of ``arch`` (``fast_counts``)."""
         c = self.fast_counts(seqs)
         expl = (f"{c.sequences} sequences, {c.tokens} new tokens: weights once, each "
-                f"sequence's cache rows read and its new rows written, last-token logits")
+                f"sequence's cache rows read and its new rows written, last-token logits"
+                + (f"; per rank of {self.tp} (its shards and collectives)" if self.tp > 1
+                   else ""))
         return [work_bound({k: float(v) for k, v in c.work.items()},
                            {k: float(v) for k, v in c.special.items()}, c.bytes,
-                           sum(c.flops.values()), spec, "fused", expl)
+                           sum(c.flops.values()), spec, "fused", expl,
+                           collectives=c.collectives())
                 for spec in specs_of(arch)]
 
     def bound(self, seqs, arch: str | Spec = "h100-sxm") -> Bound:
@@ -846,7 +934,8 @@ class StepModel:
         seqs = self.check(seqs)
         c = self.counts(seqs)
         return {"schema": SCHEMA, "source": f"{self.name} step",
-                "step": {"sequences": [str(s) for s in seqs], "regions_traced": self.traces},
+                "step": {"sequences": [str(s) for s in seqs], "regions_traced": self.traces,
+                         "tp": self.tp},
                 "precision_policy": {"fp32": dict(self.policy.fp32),
                                      "description": self.policy.describe()},
                 "totals": c.to_dict(),
@@ -859,14 +948,17 @@ class StepModel:
                             "binding_unit": b.binding_unit, "peaks": b.peaks,
                             "bandwidth": b.bandwidth, "notes": b.notes,
                             "explanation": b.explanation,
-                            "usd": _usd(b, spec, prices)}
+                            "comm_seconds": b.comm_seconds,
+                            "link_bandwidth": b.link_bandwidth or None,
+                            "usd": _usd(b, spec, prices, self.tp)}
                            for b, spec in zip(self.bounds(seqs, arch), specs_of(arch))]}
 
 
-def _usd(b: Bound, spec: Spec, prices: dict[str, float] | None) -> float | None:
-    """A bound's cost at ``prices[arch]`` USD per chip-hour, else the chip's own price."""
+def _usd(b: Bound, spec: Spec, prices: dict[str, float] | None, chips: int = 1) -> float | None:
+    """A bound's cost at ``prices[arch]`` USD per chip-hour, else the chip's own price, on
+    ``chips`` chips (a tensor-parallel group)."""
     p = (prices or {}).get(b.arch, spec.price_per_hour)
-    return b.seconds * p / 3600 if p else None
+    return b.seconds * p * chips / 3600 if p else None
 
 
 def regions_of(seqs: Iterable[Seq], windows: tuple[int, ...]) -> set[tuple]:

@@ -201,6 +201,7 @@ class _Plan:
     shared: int         # bytes every step reads whole
     partial: dict       # other shared tensors: name -> (size, least read of a step)
     notes: list
+    tp: int = 1         # chips per replica (tensor parallelism): the counts are one rank's
 
 
 def plan(sm, requests: list[Request], limits: Limits) -> _Plan:
@@ -237,12 +238,21 @@ def plan(sm, requests: list[Request], limits: Limits) -> _Plan:
         for line in chunking_check(sm, [x for x in longest if x[0] > 1], M):
             notes.append(f"not a bound under chunked prefill: {line}")
     return _Plan(p, q, out, np.array([r.arrival for r in requests], dtype=float), k, M, pre, dec,
-                 sum(sizes[t] for t in whole), partial, notes)
+                 sum(sizes[t] for t in whole), partial, notes, getattr(sm, "tp", 1))
 
 
 def _row(tab: dict, i: int, prefix: str) -> dict[str, float]:
     return {c[len(prefix):]: float(v[i]) for c, v in tab.items()
             if c.startswith(prefix) and v[i]}
+
+
+def _comm(values: dict[str, float]) -> list:
+    """A tensor-parallel rank's collectives from ``comm:KIND:RANKS`` payloads (the step
+    model's components): the time of a collective is linear in its payload, so pieces'
+    payloads add."""
+    from .step import StepCollective
+    return [StepCollective(c.split(":")[0], int(round(v)), int(c.split(":")[1]))
+            for c, v in sorted(values.items()) if v]
 
 
 def _bytes(pl: _Plan, tab: dict, steps):
@@ -282,12 +292,15 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits,
     ttft, tpot, pre_units = np.zeros(n), np.full(n, np.nan), []
     for i in range(n):
         b = work_bound(_row(pl.pre, i, "work:"), _row(pl.pre, i, "special:"),
-                       pre_bytes[i], 0, spec, "fused")
+                       pre_bytes[i], 0, spec, "fused",
+                       collectives=_comm(_row(pl.pre, i, "comm:")))
         ttft[i] = b.seconds
         pre_units.append(b.unit_seconds)
         if steps[i]:
             tpot[i] = work_bound(_row(pl.dec, i, "work:"), _row(pl.dec, i, "special:"),
-                                 dec_bytes[i], 0, spec, "fused").seconds / steps[i]
+                                 dec_bytes[i], 0, spec, "fused",
+                                 collectives=_comm(_row(pl.dec, i, "comm:"))
+                                 ).seconds / steps[i]
     chain = ttft + np.nan_to_num(tpot) * steps
     offline = order_statistics and bool(np.all(pl.arrival == pl.arrival[0]))
     ttft_sorted = np.sort(ttft)
@@ -297,10 +310,10 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits,
     kv_time = sum(memory.kv_steps(int(a), int(o)) for a, o in zip(pl.q, pl.out))
     n_min = int(max((pl.k + steps).max(), math.ceil(int((pl.q + steps).sum()) / M),
                     math.ceil(int((pl.k + steps).sum()) / S), math.ceil(kv_time / memory.free)))
-    work, special = {}, {}
+    work, special, comm = {}, {}, {}
     for tab in (pl.pre, pl.dec):
         for c, v in tab.items():
-            for prefix, acc in (("work:", work), ("special:", special)):
+            for prefix, acc in (("work:", work), ("special:", special), ("comm:", comm)):
                 if c.startswith(prefix):
                     acc[c[len(prefix):]] = acc.get(c[len(prefix):], 0.0) + float(v.sum())
     total_bytes = float(pl.pre.get("bytes", np.zeros(n)).sum() + pl.dec.get("bytes", np.zeros(n)).sum()
@@ -310,16 +323,18 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits,
         total_bytes += max(min(read, size), n_min * least)
     flops = float(sum(v.sum() for tab in (pl.pre, pl.dec) for c, v in tab.items()
                       if c.startswith("flops:")))
-    whole = work_bound(work, special, total_bytes, flops, spec, "fused")
+    whole = work_bound(work, special, total_bytes, flops, spec, "fused",
+                       collectives=_comm(comm))
     start = pl.arrival - pl.arrival.min()
     finish = start + chain
     makespan = max(whole.seconds, float(finish.max()))
     out_tokens = int(pl.out.sum())
-    price = spec.price_per_hour
+    price = spec.price_per_hour * pl.tp if spec.price_per_hour else None
     tps = out_tokens / makespan
     entry = {
-        "arch": spec.id, "makespan_seconds": makespan,
+        "arch": spec.id, "tp": pl.tp, "makespan_seconds": makespan,
         "output_tokens_per_second": tps,
+        "output_tokens_per_second_per_chip": tps / pl.tp,
         "total_tokens_per_second": (out_tokens + int(pl.p.sum())) / makespan,
         "ttft_seconds": _percentiles(ttft_sorted),
         "tpot_seconds": _percentiles(tpot[steps > 0]),
@@ -327,14 +342,15 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits,
         "min_steps": n_min,
         "bound": ("a request's own steps" if finish.max() > whole.seconds
                   else f"{whole.bound} ({whole.binding_unit or 'DRAM'})"
-                  if whole.bound == "compute" else "memory"),
-        "work_seconds": {"compute": whole.compute_seconds, "memory": whole.memory_seconds},
+                  if whole.bound == "compute" else whole.bound),
+        "work_seconds": {"compute": whole.compute_seconds, "memory": whole.memory_seconds,
+                         "communication": whole.comm_seconds},
         "memory": {"capacity_bytes": memory.capacity, "fraction": memory.fraction,
                    "weights_bytes": memory.weights, "kv_free_bytes": memory.free,
                    "kv_bytes_per_token": memory.bytes_per_token(),
                    "fits_sequences_of_longest": memory.max_sequences(longest),
                    "longest_tokens": longest},
-        "price_per_hour": price,
+        "price_per_hour": price,        # the replica's: tp chips
         "usd_per_million_output_tokens": price / 3600 / tps * 1e6 if price else None,
     }
     if per_request:
@@ -377,7 +393,8 @@ def serve(sm, requests: list[Request], arch=None, limits: Limits | None = None,
         entry = bounds_on(pl, spec, memory_of(sm, spec, limits.memory_fraction), limits,
                           order_statistics, per_request)
         usd = price.get(spec.id) if isinstance(price, dict) else price
-        if usd is not None:
+        if usd is not None:                      # per chip-hour; a replica is tp chips
+            usd *= pl.tp
             entry["price_per_hour"] = usd
             entry["usd_per_million_output_tokens"] = (usd / 3600
                                                       / entry["output_tokens_per_second"] * 1e6)

@@ -529,7 +529,6 @@ def validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0
 def _validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 0,
                      max_bytes: int = DEFAULT_MAX_BYTES,
                      max_seconds: float = DEFAULT_MAX_SECONDS) -> dict:
-    from .capture import FrontendError
     from .stacks import export_and_lower
 
     keep = getattr(rep, "keep_experts_dispatch", False)
@@ -551,14 +550,20 @@ def _validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 
     reduced = None
     meta_module = problem is None and model is not None and _on_meta(model, inputs)
     if (mem > max_bytes or secs > max_seconds) and not meta_module:
+        traced: list = []
+
         def fits(m, inp) -> bool:
-            """The instance traces, keeps the kernel structure and is within budget."""
+            """The instance traces, keeps the kernel structure and is within budget; its
+            trace is kept (``traced``): it is the reduced program that is validated."""
             try:
-                _, low_r = export_and_lower(m, tuple(inp), rep.source, keep_experts=keep,
-                                            routing=routing, reroll_layers=reroll)
+                ep_r, low_r = export_and_lower(m, tuple(inp), rep.source, keep_experts=keep,
+                                               routing=routing, reroll_layers=reroll)
             except Exception:  # noqa: BLE001 - a size the program does not accept
                 return False
-            return fits_budget(low_r.program, lowered.program, max_bytes, max_seconds)
+            if not fits_budget(low_r.program, lowered.program, max_bytes, max_seconds):
+                return False
+            traced[:] = [ep_r, low_r]
+            return True
 
         found = None
         # sizes in the file's constants, then sizes in the inputs themselves (literals in
@@ -583,7 +588,7 @@ def _validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 
                 base = None
             for desc, inp in (_input_plans(base[1]) if base is not None else ()):
                 if fits(base[0], inp):
-                    found = ("inputs", base, desc)
+                    found = ("inputs", (base[0], inp), desc)   # the reduced inputs run
                     break
         if found is None:
             rep.validation = {"status": "skipped",
@@ -625,15 +630,14 @@ def _validate_report(rep, model=None, inputs=None, *, problem=None, seed: int = 
                                                routing, reroll)
     else:
         # a reduced instance is a program of its own (its kernel structure is the analyzed
-        # one's: ``fits`` checked), traced as the analysis traced it (grad mode on: under
-        # no_grad a 3-d linear decomposes to bmm, not addmm)
-        try:
-            ep, low = export_and_lower(model, tuple(inputs), rep.source, keep_experts=keep,
-                                       routing=routing, reroll_layers=reroll)
-        except FrontendError as e:
-            rep.validation = {"status": "skipped",
-                              "reason": f"re-tracing the reduced instance failed: {e}"}
-            return rep.validation
+        # one's: ``fits`` checked). The trace ``fits`` made is the one run, on the real
+        # module's values, as at full size: no second trace (with real tensors torch.export
+        # records strides the CPU kernels chose: GPT-2's attention output from the CPU's
+        # SDPA is already contiguous, so its ``.contiguous()`` is dropped and the view after
+        # it fails once SDPA is decomposed)
+        ep, low = traced
+        ep.solbound_real_export = _real_export(model, tuple(inputs), rep.source, keep,
+                                               routing, reroll)
     try:
         res = validate_lowered(low, ep, model, tuple(inputs), seed=seed)
     except HarnessError as e:
