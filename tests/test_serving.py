@@ -351,3 +351,51 @@ def test_tensor_parallel_serving_is_per_replica(llama_tp2, llama):
     assert e["work_seconds"]["communication"] > 0
     with pytest.raises(StepError, match="does not split over 3"):
         StepModel(_llama(layers=2), tp=3)
+
+
+# --- speculative decoding -----------------------------------------------------------------
+
+def test_verify_step_keeps_every_tokens_logits():
+    """The target's verify step (every new token's logits) from its regions equals a direct
+    trace, and its MACs the hand-derived count: every layer and the LM head over all new
+    tokens."""
+    sm = StepModel(_llama(layers=2), logits="all")
+    seqs = [Seq(4, 9), Seq(3, 5), Seq(2, 30)]
+    _same(sm, seqs)
+    proj, kv = D * H * HD + H * HD * D + 3 * D * F, 2 * D * KV * HD
+    want = sum(2 * (s.new * (proj + kv + 2 * D)
+                    + 2 * H * HD * (s.new * s.ctx + s.new * (s.new + 1) // 2))
+               + s.new * (D + D * V) for s in seqs)
+    assert sm.counts(seqs).macs == want
+
+
+def test_speculation_rounds_and_best_k(llama, tmp_path):
+    """A round is the draft's K decode steps plus the target's verify of K + 1 tokens; with
+    nothing accepted plain decoding (K = 0) wins; the CLI writes solbound.speculative/1."""
+    from solbound.serving.speculative import Speculation, expected_tokens, head_model
+    target = _llama(layers=2)
+    sp = Speculation(llama, StepModel(target, logits="all"),
+                     StepModel(head_model(target, 1)))
+    spec = load_spec("h100-sxm")
+    r = sp.round(4, 40, 3, spec)
+    draft = sum(sp.draft.bound([Seq(1, 40 + i)] * 4, spec).seconds for i in range(3))
+    verify = sp.verify.bound([Seq(4, 40)] * 4, spec).seconds
+    assert r["seconds"] == pytest.approx(draft + verify, rel=1e-12)
+    assert sp.best(4, 40, (0.0,), [1, 2, 3], spec)["best_k"] == 0
+    one = sp.best(4, 40, (1.0,), [3], spec)
+    assert one["rounds"][1]["tokens_per_round"] == 4 == expected_tokens((1.0,), 3)
+    assert one["rounds"][1]["seconds_per_token"] == pytest.approx(
+        one["rounds"][1]["seconds"] / 4)
+    cfg = target.config
+    cfg.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "spec.json"
+    assert main(["speculate", str(tmp_path / "tiny"), "--draft", "layers:1", "--acceptance",
+                 "0.9,0.5", "--k", "1-3", "--batch", "1,4", "--ctx", "40", "--arch",
+                 "h100-sxm", "--json", str(out), "-q", "--dtype", "float32"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "solbound.speculative/1" and doc["k"] == [0, 1, 2, 3]
+    rows = doc["speculative"][0]["batches"]
+    assert [r["batch"] for r in rows] == [1, 4]
+    assert rows[0]["rounds"][2]["tokens_per_round"] == pytest.approx(1 + 0.9 + 0.45)
+    assert main(["speculate", str(tmp_path / "tiny"), "--draft", "layers:1",
+                 "--acceptance", "1.5"]) == 2

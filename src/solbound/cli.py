@@ -879,6 +879,22 @@ def build_parser() -> argparse.ArgumentParser:
                          "gpu_memory_utilization; default 0.9)")
 
     se.set_defaults(fn=cmd_serve)
+    sp = sub.add_parser("speculate", help="speculative decoding: the bound per output token "
+                                          "and the best draft length per batch size")
+    _serving_args(sp)
+    sp.add_argument("--draft", required=True, metavar="MODEL|layers:N",
+                    help="the draft: a model as MODEL is given, or layers:N for an EAGLE/MTP-"
+                         "style head (N decoder layers of the target's configuration)")
+    sp.add_argument("--acceptance", required=True, metavar="A[,A2,...]",
+                    help="the chance each draft token is accepted, one for every position or "
+                         "one per position (the last repeats)")
+    sp.add_argument("--k", default="1-8", metavar="RANGE|LIST",
+                    help="draft lengths to consider (default 1-8; 0, plain decoding, always)")
+    sp.add_argument("--batch", default="1,8,32,128", metavar="B,...",
+                    help="sequences per step (default 1,8,32,128)")
+    sp.add_argument("--ctx", type=_positive_int, default=2048,
+                    help="cached tokens per sequence (default 2048)")
+    sp.set_defaults(fn=cmd_speculate)
     return p
 
 
@@ -919,6 +935,49 @@ def cmd_step(a) -> int:
                     else "")
             print(f"  {b['arch']:<14} {b['seconds'] * 1e3:10.4f} ms  {b['bound']}-bound"
                   f"{comm}{cost}")
+    return 0
+
+
+def cmd_speculate(a) -> int:
+    from .report.report import dumps
+    from .serving.models import load_model
+    from .serving.speculative import (Speculation, head_model, parse_acceptance, parse_ks,
+                                      speculate)
+    alphas, ks = parse_acceptance(a.acceptance), parse_ks(a.k)
+    try:
+        batches = [int(b) for b in a.batch.split(",")]
+    except ValueError:
+        return _err(f"--batch {a.batch!r}: sequence counts like 1,8,32")
+    if any(b < 1 for b in batches):
+        return _err(f"--batch {a.batch!r}: at least one sequence")
+    target = load_model(a.model, a.dtype)
+    if a.draft.startswith("layers:"):
+        try:
+            draft = head_model(target, int(a.draft[7:]))
+        except ValueError:
+            return _err(f"--draft {a.draft!r}: layers:N with N a whole number")
+    else:
+        draft = load_model(a.draft, a.dtype)
+    sp = Speculation.of(target, draft, precision_policy=a.precision_policy,
+                        progress=not a.quiet, tp=a.tp)
+    if a.draft.startswith("layers:"):
+        sp.draft.name = f"{a.draft[7:]}-layer head of {sp.target.name}"
+    doc = speculate(sp, batches, a.ctx, alphas, ks, a.arch)
+    if a.json:
+        _write(a.json, dumps(doc, indent=2) + "\n")
+    if a.json == "-":
+        return 0
+    print(f"{doc['target']} with draft {doc['draft']}: acceptance "
+          f"{','.join(f'{x:g}' for x in alphas)}, {a.ctx} cached tokens; per output token "
+          f"of a sequence")
+    for chip in doc["speculative"]:
+        print(f"  {chip['arch']}")
+        for r in chip["batches"]:
+            print(f"    batch {r['batch']:>5}: best K {r['best_k']:>2}  "
+                  f"{r['seconds_per_token'] * 1e3:.4g} ms/token  "
+                  f"{r['tokens_per_second_per_sequence']:,.0f} tok/s/user  "
+                  f"{r['output_tokens_per_second']:,.0f} tok/s  "
+                  f"x{r['speedup_over_decoding']:.2f} over decoding")
     return 0
 
 

@@ -13,6 +13,9 @@ from .report.report import Report
 
 
 def specs_of(arch) -> list[Spec]:
+    """The chips ``arch`` names: a comma list, a :class:`Spec`, or a list of either."""
+    if isinstance(arch, Spec):
+        return [arch]
     if arch is None or isinstance(arch, str):
         return parse_archs(arch)
     return [a if isinstance(a, Spec) else parse_archs(a)[0] for a in arch]

@@ -374,9 +374,12 @@ class _Sequences:
     sequence against its own cache (filled from the inputs) and returns each sequence's
     last-token logits; ``inputs`` are the token ids and cached keys and values."""
 
-    def __init__(self, model, layout: list[CacheLayer]):
+    def __init__(self, model, layout: list[CacheLayer], all_logits: bool = False):
         self.model, self.layout = model, layout
-        self.keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        # the last token's logits only (as engines decode); a speculative verify step keeps
+        # every new token's (transformers' default)
+        self.keep = not all_logits and \
+            "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def module(self, seqs: list[Seq], model=None):
         """The step module over ``model`` (default: the model; a tensor-parallel rank's
@@ -559,6 +562,7 @@ class StepModel:
     seed: int = 0
     shallow: bool = True
     tp: int = 1
+    logits: str = "last"
     layout: list[CacheLayer] = field(init=False)
     windows: tuple[int, ...] = field(init=False)
     regions: dict = field(init=False, default_factory=dict)
@@ -568,6 +572,9 @@ class StepModel:
     _weights: int | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        if self.logits not in ("last", "all"):
+            raise StepError(f"logits={self.logits!r}: 'last' (decoding) or 'all' (a "
+                            f"speculative verify step)")
         if not isinstance(self.tp, int) or self.tp < 1:
             raise StepError(f"tensor-parallel degree {self.tp!r}: expected a positive integer")
         with self._rank() as m:
@@ -576,10 +583,11 @@ class StepModel:
         self.thresholds = _expert_thresholds(_text_config(self.model))
         self.policy = (self.precision_policy if isinstance(self.precision_policy, Policy)
                        else Policy.parse(self.precision_policy))
-        self._build = _Sequences(self.model, self.layout)
+        self._build = _Sequences(self.model, self.layout, self.logits == "all")
         cfg = _text_config(self.model)
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
-        self.name = type(self.model).__name__ + (f" (TP {self.tp})" if self.tp > 1 else "")
+        self.name = type(self.model).__name__ + (f" (TP {self.tp})" if self.tp > 1 else "") \
+            + (" (every token's logits)" if self.logits == "all" else "")
         self._stack = _layer_stack(self.model, len(self.layout))
         self._signatures = ([_signature(layer, i, cfg, self.layout[i])
                              for i, layer in enumerate(self._stack[2])]
