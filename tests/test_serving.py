@@ -399,3 +399,74 @@ def test_speculation_rounds_and_best_k(llama, tmp_path):
     assert rows[0]["rounds"][2]["tokens_per_round"] == pytest.approx(1 + 0.9 + 0.45)
     assert main(["speculate", str(tmp_path / "tiny"), "--draft", "layers:1",
                  "--acceptance", "1.5"]) == 2
+
+
+# --- many chips: frontier, provisioning, disaggregation, report ---------------------------
+
+def test_frontier_and_breakdown(llama):
+    """Each frontier point is the decode step of b sequences at the mean decode context;
+    a step's breakdown: the MACs that grow with the context are attention's, derived by
+    hand (q.k and p.v over ctx cached keys in both layers)."""
+    from solbound.serving.fleet import breakdown, decode_context, frontier
+    spec = load_spec("h100-sxm")
+    rows = frontier(llama, spec, 40, 21, Limits(max_seqs=24))
+    ctx = decode_context(40, 21)
+    assert ctx == 49 and [r["batch"] for r in rows] == [1, 2, 4, 8, 16, 24]
+    for r in rows:
+        t = llama.bound([Seq(1, ctx)] * r["batch"], spec).seconds
+        assert r["step_seconds"] == t and r["tokens_per_second_per_user"] == 1 / t
+        assert r["output_tokens_per_second_per_chip"] == r["batch"] / t
+    bd = breakdown(llama, [Seq(1, ctx)] * 3)
+    assert bd["attention_macs"] == pytest.approx(3 * 2 * 2 * H * HD * ctx, rel=1e-12)
+    assert bd["macs"] == _macs([Seq(1, ctx)] * 3, layers=2)
+    assert bd["expert_bytes"] == 0 and bd["collective_bytes"] == 0
+
+
+def test_provision_and_disaggregation(llama):
+    """Provisioning: the replica's throughput is at most the offline bound and (b + 1) / T
+    under a TPOT target T; replicas = ceil(target / that); a TTFT target below a lone
+    request's bound is infeasible. Disaggregation: each request's cache is its prompt's rows
+    on both layers (closed form), sent at least at the link's bandwidth."""
+    from solbound.serving.fleet import _largest_batch, disaggregate, provision
+    spec = load_spec("h100-sxm")
+    lim = Limits(max_seqs=32)
+    one = llama.bound([Seq(1, 49)], spec).seconds
+    target = 1.5 * one
+    rows = provision({1: llama, 2: "cannot shard"}, 40, 21, spec, throughput=1e6,
+                     tpot=target, limits=lim, requests=50)
+    r = rows[0]
+    b = _largest_batch(llama, spec, 49, 32, target)
+    assert 1 <= b < 32 and llama.bound([Seq(1, 49)] * (b + 1), spec).seconds > target
+    cap = min(r["offline_output_tokens_per_second"], (b + 1) / target)
+    assert r["feasible"] and r["replica_output_tokens_per_second"] == cap
+    assert r["replicas"] == math.ceil(1e6 / cap) and r["chips"] == r["replicas"]
+    assert r["fewest_chips"] and rows[1] == {"arch": "h100-sxm", "tp": 2, "feasible": False,
+                                             "reason": "cannot shard"}
+    late = provision({1: llama}, 40, 21, spec, throughput=1e3, ttft=1e-9, limits=lim)
+    assert not late[0]["feasible"] and "first token" in late[0]["reason"]
+    d = disaggregate(llama, uniform(40, 21, 10), spec, lim)
+    per_token = 2 * 2 * KV * HD * 4                     # both layers' K and V rows, fp32
+    assert d["kv_bytes_per_request"] == {"mean": 40 * per_token, "max": 40 * per_token}
+    assert d["transfer_seconds_per_request"]["scale_up"] == \
+        40 * per_token / spec.links["scale_up"]
+    assert d["prefill_to_decode_replicas"] == d["prefill_seconds"] / d["decode_seconds"]
+
+
+def test_cli_fleet_report(tmp_path, capsys):
+    cfg = _llama(layers=2).config
+    cfg.save_pretrained(tmp_path / "tiny")
+    page, out = tmp_path / "fleet.html", tmp_path / "fleet.json"
+    assert main(["fleet", str(tmp_path / "tiny"), "--isl", "30", "--osl", "9", "--tp", "1,3",
+                 "--arch", "h100-sxm", "--throughput", "5000", "--tpot", "1ms",
+                 "--disaggregate", "--dtype", "float32", "--html", str(page), "--json",
+                 str(out), "-q", "--requests", "20", "--max-seqs", "16"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "solbound.fleet/1"
+    assert [(p["tp"], p["feasible"]) for p in doc["provision"]] == [(1, True), (3, False)]
+    assert "does not split over 3" in doc["provision"][1]["reason"]
+    assert doc["frontier"][0]["rows"][-1]["batch"] == 16
+    text = page.read_text()
+    assert "plotly" in text and "Provision" in text and "prefill:decode" in text
+    with pytest.raises(SystemExit) as e:
+        main(["fleet", str(tmp_path / "tiny"), "--isl", "3", "--osl", "2", "--tpot", "soon"])
+    assert e.value.code == 2 and "a time like 20ms" in capsys.readouterr().err

@@ -895,6 +895,31 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--ctx", type=_positive_int, default=2048,
                     help="cached tokens per sequence (default 2048)")
     sp.set_defaults(fn=cmd_speculate)
+    fl = sub.add_parser("fleet", help="many chips: the throughput/interactivity frontier, the "
+                                      "fewest chips and TP degree for targets, disaggregated "
+                                      "prefill and decode, an HTML report")
+    _serving_args(fl, tp=False)
+    fl.add_argument("--isl", type=_positive_int, required=True, help="prompt tokens a request")
+    fl.add_argument("--osl", type=_positive_int, required=True, help="output tokens a request")
+    fl.add_argument("--tp", default="1,2,4,8", metavar="N,...",
+                    help="tensor-parallel degrees to consider (default 1,2,4,8)")
+    fl.add_argument("--throughput", type=float, default=None, metavar="TOK/S",
+                    help="output tokens per second the fleet must serve")
+    fl.add_argument("--ttft", type=_duration, default=None, metavar="TIME",
+                    help="time to first token target (e.g. 500ms)")
+    fl.add_argument("--tpot", type=_duration, default=None, metavar="TIME",
+                    help="time per output token target (e.g. 20ms)")
+    fl.add_argument("--requests", type=_positive_int, default=1000,
+                    help="requests of the offline workload a replica's throughput is bounded "
+                         "on (default 1000)")
+    fl.add_argument("--max-batched-tokens", type=_positive_int, default=8192)
+    fl.add_argument("--max-seqs", type=_positive_int, default=256)
+    fl.add_argument("--memory-fraction", type=_fraction, default=0.9, metavar="F")
+    fl.add_argument("--disaggregate", action="store_true",
+                    help="also bound prefill and decode on separate replicas: their ratio and "
+                         "the cache each request sends")
+    fl.add_argument("--html", metavar="PATH", help="write the report page")
+    fl.set_defaults(fn=cmd_fleet)
     return p
 
 
@@ -978,6 +1003,105 @@ def cmd_speculate(a) -> int:
                   f"{r['tokens_per_second_per_sequence']:,.0f} tok/s/user  "
                   f"{r['output_tokens_per_second']:,.0f} tok/s  "
                   f"x{r['speedup_over_decoding']:.2f} over decoding")
+    return 0
+
+
+def cmd_fleet(a) -> int:
+    from .report.report import dumps
+    from .pipeline import specs_of
+    from .serving import StepError, StepModel
+    from .serving.fleet import (SCHEMA, breakdown, decode_context, disaggregate, fleet_html,
+                                frontier, provision)
+    from .serving.models import load_model
+    from .serving.step import Seq
+    from .serving.workload import Limits, uniform
+    try:
+        tps = sorted({int(x) for x in a.tp.split(",")})
+    except ValueError:
+        return _err(f"--tp {a.tp!r}: degrees like 1,2,4,8")
+    if not tps or min(tps) < 1:
+        return _err(f"--tp {a.tp!r}: degrees of at least 1")
+    prices = _serving_prices(a)
+    limits = Limits(a.max_batched_tokens, a.max_seqs, True, 0.0, a.memory_fraction)
+    model = load_model(a.model, a.dtype)
+    models: dict = {}
+    for tp in tps:
+        try:
+            models[tp] = StepModel(model, precision_policy=a.precision_policy,
+                                   progress=not a.quiet, tp=tp)
+        except StepError as e:
+            models[tp] = str(e)
+        if not a.quiet:
+            print(f"TP {tp}: {'ready' if not isinstance(models[tp], str) else models[tp]}",
+                  file=sys.stderr, flush=True)
+    doc = {"schema": SCHEMA, "model": type(model).__name__,
+           "workload": {"isl": a.isl, "osl": a.osl},
+           "targets": {k: v for k, v in (("throughput", a.throughput), ("ttft_seconds", a.ttft),
+                                         ("tpot_seconds", a.tpot)) if v is not None},
+           "frontier": [], "breakdown": []}
+    for spec in specs_of(a.arch):
+        for tp, sm in models.items():
+            if isinstance(sm, str):
+                continue
+            try:
+                rows = frontier(sm, spec, a.isl, a.osl, limits)
+            except StepError as e:
+                doc["frontier"].append({"arch": spec.id, "tp": tp, "rows": [],
+                                        "reason": str(e)})
+                continue
+            doc["frontier"].append({"arch": spec.id, "tp": tp, "rows": rows})
+            b = rows[-1]["batch"]
+            doc["breakdown"].append({"arch": spec.id, "tp": tp, "batch": b,
+                                     **breakdown(sm, [Seq(1, decode_context(a.isl, a.osl))] * b)})
+    doc["frontier"] = [f for f in doc["frontier"] if f["rows"]] + \
+        [f for f in doc["frontier"] if not f["rows"]]
+    if a.throughput:
+        doc["provision"] = provision(models, a.isl, a.osl, a.arch, throughput=a.throughput,
+                                     ttft=a.ttft, tpot=a.tpot, limits=limits,
+                                     requests=a.requests, price=prices)
+    if a.disaggregate:
+        doc["disaggregated"] = []
+        for spec in specs_of(a.arch):
+            for tp, sm in models.items():
+                if isinstance(sm, str):
+                    continue
+                try:
+                    doc["disaggregated"].append(
+                        disaggregate(sm, uniform(a.isl, a.osl, a.requests), spec, limits))
+                except StepError:
+                    continue          # the weights do not fit: said in the frontier
+    if a.json:
+        _write(a.json, dumps(doc, indent=2) + "\n")
+    if a.html:
+        _write(a.html, fleet_html(doc))
+    if a.json == "-":
+        return 0
+    print(f"{doc['model']}: {a.isl} prompt and {a.osl} output tokens a request "
+          f"(speeds of light: throughputs at most, chips at least)")
+    for f in doc["frontier"]:
+        if not f["rows"]:
+            print(f"  {f['arch']} TP {f['tp']}: {f['reason']}")
+            continue
+        ends = f["rows"][0], f["rows"][-1]
+        print(f"  {f['arch']} TP {f['tp']}: frontier from {ends[0]['tokens_per_second_per_user']:,.0f} "
+              f"tok/s/user at {ends[0]['output_tokens_per_second_per_chip']:,.0f} tok/s/chip "
+              f"(batch 1) to {ends[1]['tokens_per_second_per_user']:,.0f} at "
+              f"{ends[1]['output_tokens_per_second_per_chip']:,.0f} (batch {ends[1]['batch']})")
+    for r in doc.get("provision", []):
+        if r["feasible"]:
+            cost = (f", >= ${r['usd_per_million_output_tokens']:.3g}/M tokens"
+                    if r.get("usd_per_million_output_tokens") else "")
+            print(f"  provision {r['arch']} TP {r['tp']}: >= {r['chips']} chips "
+                  f"({r['replicas']} replicas of <= {r['replica_output_tokens_per_second']:,.0f} "
+                  f"tok/s){cost}{'  <- fewest' if r.get('fewest_chips') else ''}")
+        else:
+            print(f"  provision {r['arch']} TP {r['tp']}: infeasible: {r['reason']}")
+    for d in doc.get("disaggregated", []):
+        links = ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in
+                          d["transfer_seconds_per_request"].items())
+        print(f"  disaggregated {d['arch']} TP {d['tp']}: prefill:decode replicas "
+              f"{d['prefill_to_decode_replicas']:.3g}; "
+              f"{d['kv_bytes_per_request']['mean'] / 1e6:.4g} MB of cache a request ({links})")
     return 0
 
 
@@ -1074,7 +1198,25 @@ def cmd_serve(a) -> int:
     return 0
 
 
-def _serving_args(p: argparse.ArgumentParser) -> None:
+def _duration(text: str) -> float:
+    """``20ms``, ``1.5s``, ``300us`` or seconds."""
+    t = text.strip().lower()
+    for unit, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
+        if t.endswith(unit):
+            t, f = t[:-len(unit)], scale
+            break
+    else:
+        f = 1.0
+    try:
+        v = float(t) * f
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a time like 20ms or 1.5s") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a positive time")
+    return v
+
+
+def _serving_args(p: argparse.ArgumentParser, tp: bool = True) -> None:
     p.add_argument("model", help="a transformers config: a directory with config.json, a "
                                  ".json file or a bundled name (llama-3-8b, mistral-7b); or "
                                  "pkg.module:factory returning a causal LM")
@@ -1082,10 +1224,11 @@ def _serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None,
                    help="the weights' and cache's dtype (default: the config's torch_dtype, "
                         "else bfloat16)")
-    p.add_argument("--tp", type=_positive_int, default=1, metavar="N",
-                   help="tensor parallelism: the model sharded N ways by its own plan "
-                        "(transformers' base_model_tp_plan); counts and bounds are one rank's, "
-                        "with its all-reduces over the chip's link (default 1)")
+    if tp:
+        p.add_argument("--tp", type=_positive_int, default=1, metavar="N",
+                       help="tensor parallelism: the model sharded N ways by its own plan "
+                            "(transformers' base_model_tp_plan); counts and bounds are one "
+                            "rank's, with its all-reduces over the chip's link (default 1)")
     p.add_argument("--json", metavar="PATH", help="write the JSON (- for stdout)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--price", default=None, metavar="[ARCH=]USD",

@@ -310,21 +310,7 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits,
     kv_time = sum(memory.kv_steps(int(a), int(o)) for a, o in zip(pl.q, pl.out))
     n_min = int(max((pl.k + steps).max(), math.ceil(int((pl.q + steps).sum()) / M),
                     math.ceil(int((pl.k + steps).sum()) / S), math.ceil(kv_time / memory.free)))
-    work, special, comm = {}, {}, {}
-    for tab in (pl.pre, pl.dec):
-        for c, v in tab.items():
-            for prefix, acc in (("work:", work), ("special:", special), ("comm:", comm)):
-                if c.startswith(prefix):
-                    acc[c[len(prefix):]] = acc.get(c[len(prefix):], 0.0) + float(v.sum())
-    total_bytes = float(pl.pre.get("bytes", np.zeros(n)).sum() + pl.dec.get("bytes", np.zeros(n)).sum()
-                        + n_min * pl.shared)
-    for t, (size, least) in pl.partial.items():
-        read = float(sum(tab[f"read:{t}"].sum() for tab in (pl.pre, pl.dec) if f"read:{t}" in tab))
-        total_bytes += max(min(read, size), n_min * least)
-    flops = float(sum(v.sum() for tab in (pl.pre, pl.dec) for c, v in tab.items()
-                      if c.startswith("flops:")))
-    whole = work_bound(work, special, total_bytes, flops, spec, "fused",
-                       collectives=_comm(comm))
+    whole = phase_bound(pl, spec, (pl.pre, pl.dec), n_min)
     start = pl.arrival - pl.arrival.min()
     finish = start + chain
     makespan = max(whole.seconds, float(finish.max()))
@@ -357,6 +343,32 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits,
         entry["requests"] = {"ttft_seconds": ttft.tolist(),
                              "tpot_seconds": [None if np.isnan(x) else float(x) for x in tpot]}
     return entry
+
+
+def phase_bound(pl: _Plan, spec: Spec, tabs: tuple, steps: int):
+    """The roofline of every piece in ``tabs`` (request tables of the plan: prefills,
+    decodes or both) done in ``steps`` steps at least: their summed work, collectives and
+    own bytes, the tensors every step reads whole ``steps`` times, and of the others at
+    least ``max(min(total reads, size), steps * least read of a step)``. Step time is
+    convex and positively homogeneous (docs/serving.md), so no schedule of these pieces in
+    ``steps`` or more steps is faster."""
+    import numpy as np
+    n = len(pl.p)
+    work, special, comm = {}, {}, {}
+    for tab in tabs:
+        for c, v in tab.items():
+            for prefix, acc in (("work:", work), ("special:", special), ("comm:", comm)):
+                if c.startswith(prefix):
+                    acc[c[len(prefix):]] = acc.get(c[len(prefix):], 0.0) + float(v.sum())
+    total_bytes = float(sum(tab.get("bytes", np.zeros(n)).sum() for tab in tabs)
+                        + steps * pl.shared)
+    for t, (size, least) in pl.partial.items():
+        read = float(sum(tab[f"read:{t}"].sum() for tab in tabs if f"read:{t}" in tab))
+        total_bytes += max(min(read, size), steps * least)
+    flops = float(sum(v.sum() for tab in tabs for c, v in tab.items()
+                      if c.startswith("flops:")))
+    return work_bound(work, special, total_bytes, flops, spec, "fused",
+                      collectives=_comm(comm))
 
 
 def _order_bound(pl: _Plan, spec: Spec, units: list[dict]):
