@@ -470,3 +470,32 @@ def test_cli_fleet_report(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["fleet", str(tmp_path / "tiny"), "--isl", "3", "--osl", "2", "--tpot", "soon"])
     assert e.value.code == 2 and "a time like 20ms" in capsys.readouterr().err
+
+
+# --- FP8 linears and cache ----------------------------------------------------------------
+
+def test_fp8_step_equals_direct_trace_and_halves_the_cache():
+    """FP8 linears (e4m3 weights with a scale per row, activations quantized per token,
+    ``_scaled_mm``) and an FP8 cache: the step's counts from its regions equal a direct
+    trace; the projections run on the FP8 tensor cores (the LM head and attention in BF16);
+    the weights and the cache rows are held at one byte (closed forms)."""
+    with torch.device("meta"):
+        m = _llama(layers=2).to("meta").to(torch.bfloat16)
+    sm = StepModel(m, weights="fp8", kv_dtype="fp8")
+    seqs = [Seq(5, 0), Seq(1, 7), Seq(4, 9)]
+    got = _same(sm, seqs)
+    assert got.macs == _macs(seqs, layers=2)
+    assert got.work["tensor_fp8"] > 0
+    lm = D * V * len(seqs)                     # the LM head: one row per sequence, BF16
+    # attention (q.k and p.v): every causal pair in the first layer, the last token's
+    # ctx + new keys in the last
+    attn = sum(2 * H * HD * (s.new * s.ctx + s.new * (s.new + 1) // 2 + s.ctx + s.new)
+               for s in seqs)
+    assert got.work["tensor_bf16"] == 2 * (lm + attn)
+    assert sm.layout[0].key_dtype == "float8_e4m3fn" and sm.layout[0].bytes_per_token() == \
+        2 * KV * HD
+    layer = D * H * HD * 2 + 2 * D * KV * HD + 3 * D * F
+    rows = H * HD + 2 * KV * HD + D + 2 * F + D          # q, k, v, o, gate, up, down
+    assert sm.weights_bytes() == 2 * (layer + 4 * rows + 2 * 2 * D) + 2 * D + 2 * 2 * V * D
+    with pytest.raises(StepError, match="CUDA only"):
+        sm.trace(seqs, validate=True)

@@ -937,7 +937,7 @@ def _step_model(a):
     from .serving import StepModel
     from .serving.models import load_model
     return StepModel(load_model(a.model, a.dtype), precision_policy=a.precision_policy,
-                     progress=not a.quiet, tp=a.tp)
+                     progress=not a.quiet, tp=a.tp, weights=a.weights, kv_dtype=a.kv_dtype)
 
 
 def cmd_step(a) -> int:
@@ -984,7 +984,7 @@ def cmd_speculate(a) -> int:
     else:
         draft = load_model(a.draft, a.dtype)
     sp = Speculation.of(target, draft, precision_policy=a.precision_policy,
-                        progress=not a.quiet, tp=a.tp)
+                        progress=not a.quiet, tp=a.tp, weights=a.weights, kv_dtype=a.kv_dtype)
     if a.draft.startswith("layers:"):
         sp.draft.name = f"{a.draft[7:]}-layer head of {sp.target.name}"
     doc = speculate(sp, batches, a.ctx, alphas, ks, a.arch)
@@ -1028,7 +1028,8 @@ def cmd_fleet(a) -> int:
     for tp in tps:
         try:
             models[tp] = StepModel(model, precision_policy=a.precision_policy,
-                                   progress=not a.quiet, tp=tp)
+                                   progress=not a.quiet, tp=tp, weights=a.weights,
+                                   kv_dtype=a.kv_dtype)
         except StepError as e:
             models[tp] = str(e)
         if not a.quiet:
@@ -1229,6 +1230,12 @@ def _serving_args(p: argparse.ArgumentParser, tp: bool = True) -> None:
                        help="tensor parallelism: the model sharded N ways by its own plan "
                             "(transformers' base_model_tp_plan); counts and bounds are one "
                             "rank's, with its all-reduces over the chip's link (default 1)")
+    p.add_argument("--weights", choices=("fp8",), default=None,
+                   help="fp8: the linear layers as an FP8 engine runs them (e4m3 weights with a "
+                        "scale per row, activations quantized per token, the product on FP8 "
+                        "tensor cores; the LM head kept)")
+    p.add_argument("--kv-dtype", choices=("fp8",), default=None,
+                   help="fp8: the cache stores e4m3 rows (vLLM's --kv-cache-dtype fp8)")
     p.add_argument("--json", metavar="PATH", help="write the JSON (- for stdout)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--price", default=None, metavar="[ARCH=]USD",

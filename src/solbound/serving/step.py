@@ -238,7 +238,7 @@ def _text_config(model):
     return getattr(cfg, "get_text_config", lambda **_: cfg)(decoder=True)
 
 
-def cache_layout(model) -> list[CacheLayer]:
+def cache_layout(model, kv_dtype: str | None = None) -> list[CacheLayer]:
     """The model's cache, layer by layer, as its own cache class builds it: a one-token
     forward on meta tensors into a ``DynamicCache(config=...)``. Raises :class:`StepError`
     for a model without a cache interface or with cache layers a step cannot yet read."""
@@ -256,6 +256,9 @@ def cache_layout(model) -> list[CacheLayer]:
     cache = DynamicCache(config=model.config)
     unsupported = [(i, type(l).__name__) for i, l in enumerate(cache.layers)
                    if type(l) not in (DynamicLayer, DynamicSlidingWindowLayer)]
+    if kv_dtype == "fp8":
+        from .quantize import fp8_cache
+        fp8_cache(cache)
     if unsupported:
         i, kind = unsupported[0]
         raise StepError(f"{name}: cache layer {i} is a {kind} (state or quantized rows); a "
@@ -374,8 +377,9 @@ class _Sequences:
     sequence against its own cache (filled from the inputs) and returns each sequence's
     last-token logits; ``inputs`` are the token ids and cached keys and values."""
 
-    def __init__(self, model, layout: list[CacheLayer], all_logits: bool = False):
-        self.model, self.layout = model, layout
+    def __init__(self, model, layout: list[CacheLayer], all_logits: bool = False,
+                 kv_dtype: str | None = None):
+        self.model, self.layout, self.kv_dtype = model, layout, kv_dtype
         # the last token's logits only (as engines decode); a speculative verify step keeps
         # every new token's (transformers' default)
         self.keep = not all_logits and \
@@ -386,7 +390,7 @@ class _Sequences:
         sharded copy under :meth:`StepModel._rank`)."""
         import torch
         model = self.model if model is None else model
-        layout, keep = self.layout, self.keep
+        layout, keep, fp8 = self.layout, self.keep, self.kv_dtype == "fp8"
 
         class Step(torch.nn.Module):
             def __init__(self):
@@ -400,6 +404,9 @@ class _Sequences:
                     ids = flat[i]
                     i += 1
                     cache = DynamicCache(config=self.m.config)
+                    if fp8:                  # the engine's FP8 cache (serving/quantize.py)
+                        from .quantize import fp8_cache
+                        fp8_cache(cache)
                     if s.ctx:
                         for li in range(len(layout)):
                             cache.update(flat[i], flat[i + 1], li)
@@ -563,6 +570,8 @@ class StepModel:
     shallow: bool = True
     tp: int = 1
     logits: str = "last"
+    weights: str | None = None      # "fp8": W8A8 FP8 linears (serving/quantize.py)
+    kv_dtype: str | None = None     # "fp8": the cache stores FP8 rows
     layout: list[CacheLayer] = field(init=False)
     windows: tuple[int, ...] = field(init=False)
     regions: dict = field(init=False, default_factory=dict)
@@ -577,17 +586,25 @@ class StepModel:
                             f"speculative verify step)")
         if not isinstance(self.tp, int) or self.tp < 1:
             raise StepError(f"tensor-parallel degree {self.tp!r}: expected a positive integer")
+        for what, v in (("weights", self.weights), ("kv_dtype", self.kv_dtype)):
+            if v not in (None, "fp8"):
+                raise StepError(f"{what}={v!r}: only 'fp8' (or none: the model's own dtype)")
+        if self.weights == "fp8" and self.tp == 1:
+            self.model = copy.deepcopy(self.model)
+            self._fp8(self.model)
         with self._rank() as m:
-            self.layout = cache_layout(m)
+            self.layout = cache_layout(m, self.kv_dtype)
         self.windows = tuple(sorted({L.window for L in self.layout if L.window}))
         self.thresholds = _expert_thresholds(_text_config(self.model))
         self.policy = (self.precision_policy if isinstance(self.precision_policy, Policy)
                        else Policy.parse(self.precision_policy))
-        self._build = _Sequences(self.model, self.layout, self.logits == "all")
+        self._build = _Sequences(self.model, self.layout, self.logits == "all", self.kv_dtype)
         cfg = _text_config(self.model)
         self.max_positions = getattr(cfg, "max_position_embeddings", None)
         self.name = type(self.model).__name__ + (f" (TP {self.tp})" if self.tp > 1 else "") \
-            + (" (every token's logits)" if self.logits == "all" else "")
+            + (" (every token's logits)" if self.logits == "all" else "") \
+            + (" FP8" if self.weights == "fp8" else "") \
+            + (" FP8 KV" if self.kv_dtype == "fp8" else "")
         self._stack = _layer_stack(self.model, len(self.layout))
         self._signatures = ([_signature(layer, i, cfg, self.layout[i])
                              for i, layer in enumerate(self._stack[2])]
@@ -610,12 +627,23 @@ class StepModel:
         from ..frontends.torch.parallel import ParallelError, tensor_parallel
         meta = _on_meta(self.model)
         m = copy.deepcopy(meta) if meta is self.model else meta
+        if self.weights == "fp8":          # before the plan: its forwards wrap these
+            self._fp8(m)
         with fake_world(self.tp), torch.no_grad():
             try:
                 m = tensor_parallel(m, self.tp)
             except ParallelError as e:
                 raise StepError(f"{type(self.model).__name__}: {e}") from None
+            if self.weights == "fp8":      # each rank's shard with its own rows' scales
+                from .quantize import shard_scales
+                shard_scales(m)
             yield m
+
+    def _fp8(self, model) -> None:
+        from .quantize import fp8_linears
+        if not fp8_linears(model):
+            raise StepError(f"{type(self.model).__name__} has no nn.Linear layers to store "
+                            f"in FP8")
 
     def program(self, seqs, real: bool = False, model=None):
         """``(module, inputs)``: the step program of ``seqs`` (real random inputs with
@@ -633,6 +661,10 @@ class StepModel:
             raise StepError("validating a tensor-parallel step is not done: validate the "
                             "step at tp=1 (the same program on one rank's shards is the "
                             "analysis of `solbound analyze --tp N --validate`)")
+        if validate and self.weights == "fp8":
+            raise StepError("validating an FP8 step is not done: its product "
+                            "(torch._scaled_mm) runs on CUDA only; the rule is checked against "
+                            "its definition (tests/test_quantized.py) and the BF16 step validates")
         real = validate and self._has_values()
         with self._rank() as m:
             module, inputs = self.program(seqs, real=real, model=m)
