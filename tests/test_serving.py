@@ -92,21 +92,21 @@ def test_small_classes_equal_direct_traces(deep):
                              for _ in range(2)] + [Seq(1, rng.randint(3, 200))])
 
 
-def _macs(seqs, layers=L):
+def _macs(seqs, layers=L, h=H, kv_heads=KV, f=F, v=V):
     """MACs derived by hand. Per layer: the q, k, v, o and MLP projections of the new
     tokens, the causal pairs of attention (``new * ctx + new (new + 1) / 2``, for q.k and
     p.v) and a MAC per element of each RMSNorm's mean; but only the last token's logits are
     kept, so of the last layer only the k and v projections (the cache rows) and its input
     norm cover every new token: its query, attention, output, MLP and the final norm serve
     the last token alone. Then one row of logits."""
-    proj = D * H * HD + H * HD * D + 3 * D * F       # q, o, MLP
-    kv = 2 * D * KV * HD
+    proj = D * h * HD + h * HD * D + 3 * D * f       # q, o, MLP
+    kv = 2 * D * kv_heads * HD
     total = 0
     for s in seqs:
         pairs = s.new * s.ctx + s.new * (s.new + 1) // 2
-        total += (layers - 1) * (s.new * (proj + kv + 2 * D) + 2 * H * HD * pairs)
-        total += s.new * (D + kv) + proj + D + 2 * H * HD * (s.ctx + s.new)
-        total += D + D * V
+        total += (layers - 1) * (s.new * (proj + kv + 2 * D) + 2 * h * HD * pairs)
+        total += s.new * (D + kv) + proj + D + 2 * h * HD * (s.ctx + s.new)
+        total += D + D * v
     return total
 
 
@@ -309,21 +309,25 @@ def llama_tp2():
 
 def test_tensor_parallel_step_equals_rank_traces(llama_tp2):
     """At TP 2 (transformers' own plan, rank 0 under a fake process group) the step's counts
-    and collectives from its regions equal a direct trace of rank 0's program; the
-    collectives' payloads are derived by hand: per sequence an all-reduce of the
-    vocabulary-parallel embedding's rows and of each layer's row-wise o_proj and down_proj
-    over every new token (fp32: 4 bytes), and an all-gather of the last token's logits."""
+    and collectives from its regions equal a direct trace of rank 0's program. By hand: the
+    rank's MACs are the one-chip step's with half the heads, key/value heads, FFN and
+    vocabulary (the norms whole), the last layer serving the last token only as at TP 1
+    (demand passes through its all-reduces); the payloads (fp32: 4 bytes) an all-reduce of
+    the vocabulary-parallel embedding's rows and of each layer's row-wise o_proj and
+    down_proj over every new token (the last layer's over the last token), and an
+    all-gather of the last token's logits."""
     sm = llama_tp2
     seqs = [Seq(5, 0), Seq(1, 7), Seq(4, 9)]
     got = sm.counts(seqs)
     rep = sm.trace(seqs, arch="h100-sxm", modes=("fused",))
-    assert got.macs == rep.counts.macs and got.bytes == rep.counts.fused.bytes
+    assert got.macs == rep.counts.macs == _macs(seqs, 2, H // 2, KV // 2, F // 2, V // 2)
+    assert got.bytes == rep.counts.fused.bytes
     want_comm = {}
     for c in rep.counts.collectives:
         key = f"{c.kind}:{c.ranks}"
         want_comm[key] = want_comm.get(key, 0) + c.bytes * c.calls
     assert got.comm == want_comm == {
-        "all_reduce:2": sum((1 + 2 * 2) * s.new * D * 4 for s in seqs),
+        "all_reduce:2": sum((1 + 2 * (2 - 1)) * s.new * D * 4 + 2 * D * 4 for s in seqs),
         "all_gather:2": len(seqs) * V * 4}
     fast = sm.bound(seqs, "h100-sxm")
     direct = next(b for b in rep.bounds if b.mode == "fused")

@@ -340,7 +340,10 @@ def collectives(g: Graph, kcs: list[KernelCounts]) -> list[Collective]:
         p = k.lib_params
         read = sum(fp.elements for lst in kc.reads.values() for _, fp in lst)
         wrote = sum(fp.elements for fp in kc.writes.values())
-        nbytes = max(read, wrote) * tensors[k.out].itemsize
+        # an all-reduce confined to the rows its readers need (``ir/demand.py``) moves
+        # those rows (its operand's); other kinds move the larger of operand and result
+        moved = read if k.lib[0] == "all_reduce" and k.guard else max(read, wrote)
+        nbytes = moved * tensors[k.out].itemsize
         out.append(Collective(k.lib[0], nbytes, int(p.get("ranks", 1)),
                               k.loop[1] if k.loop is not None else 1, k.name, k.op,
                               k.opname, k.src, tuple(p.get("group") or ()),

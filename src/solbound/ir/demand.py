@@ -218,7 +218,9 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
         t = p.out
         # several writers (the parts of a concatenation) are each confined to the
         # readers' region: what a writer skips is never read after it
-        if (t not in intermediates or p.scan is not None or p.scatter or p.lib
+        elementwise_lib = _elementwise_collective(p)
+        if (t not in intermediates or p.scan is not None or p.scatter
+                or (p.lib and not elementwise_lib)
                 or p.out2 is not None or (p.loop is not None and t not in private)):
             continue
         regions = [_access_region(ks[c], a) for c in readers.get(t, ()) if c > pos
@@ -252,6 +254,11 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
                     new.append(Atom(Aff.var(names[d]), lo if lo > 0 else None,
                                     hi + 1 if hi < n - 1 else None))
         p = _add_atoms(p, new + _translate(shared, {**_writer_digits(p), **to_var}))
+        if elementwise_lib:
+            # an all-reduce's element i is the sum of the ranks' elements i: its operand is
+            # needed where its result is (the guard over the read's own variables too)
+            ks[pos] = _guard_operand(p)
+            continue
         p = _add_skip(p, [r[3] for r in regions], {**_writer_digits(p), **to_var})
         for d in range(rank):
             digits = [r[2][d] for r in regions]
@@ -262,6 +269,35 @@ def restrict_to_demand(kernels: list[Kernel], intermediates: set[str]) -> list[K
                 p = _confine_digits(p, p.out_index[d], digits)
         ks[pos] = p
     return ks
+
+
+def _elementwise_collective(k: Kernel) -> bool:
+    """An all-reduce library kernel (``ir/collectives.py``): each result element is the
+    reduction of the ranks' same element, so demand passes through it."""
+    return bool(k.lib) and k.lib[0] == "all_reduce" and k.loop is None
+
+
+def _guard_operand(p: Kernel) -> Kernel:
+    """``p`` (an elementwise collective whose operand is read through variables of its own)
+    with each guard atom over its result's variables repeated over the operand's variables
+    at the same coordinate, so its reads, and through them its producer, are confined."""
+    from .model import kernel_reads
+    reads = list(kernel_reads(p))
+    if len(reads) != 1 or len(reads[0].index) != len(p.out_index):
+        return p
+    sub: dict[str, Aff] = {}
+    for o, r in zip(p.out_index, reads[0].index):
+        if len(o.terms) == 1 and o.terms[0][1] == 1 and o.const == 0 and \
+                len(r.terms) == 1 and r.terms[0][1] == 1 and r.const == 0:
+            sub[o.terms[0][0]] = Aff.var(r.terms[0][0])
+    extra = []
+    for a in p.guard:
+        if a.expr.vars and set(a.expr.vars) <= set(sub):
+            try:
+                extra.append(Atom(a.expr.subst(sub), a.lo, a.hi))
+            except QuotientError:
+                pass
+    return _add_atoms(p, extra) if extra else p
 
 
 def _add_skip(p: Kernel, skips: list, sub: dict[str, Aff]) -> Kernel:
