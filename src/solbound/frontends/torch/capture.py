@@ -10,7 +10,6 @@ tensor memory when the module lives on the meta device.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import os
 import re
@@ -328,17 +327,8 @@ def load_problem(spec: str, params: dict | None = None) -> Problem:
         return _file_problem(spec, params=params)
     if ":" not in spec:
         raise FrontendError(f"{spec}: expected FILE.py or pkg.module:factory")
-    modname, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())     # as `python -m` does: the current directory
-    try:
-        mod = importlib.import_module(modname)
-    except Exception as e:  # noqa: BLE001
-        raise FrontendError(f"{spec}: module {modname} does not import: {_oneline(e)}") from None
-    factory = getattr(mod, attr, None)
-    if not callable(factory):
-        raise FrontendError(f"{spec}: {modname} has no callable {attr}")
-    from ..loading import check_params
+    from ..loading import check_params, factory_of
+    factory = factory_of(spec)           # imported as `python -c` would; one line a failure
     check_params(spec, factory, params)
 
     def build_factory(device: str):
