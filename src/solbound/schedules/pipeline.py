@@ -1,0 +1,220 @@
+"""Pipeline schedules as pure functions of per-stage times.
+
+A pipeline of ``p`` stages runs ``m`` microbatches. Stage ``s`` spends ``f[s]`` on a
+microbatch's forward, ``b[s]`` on its input gradient and ``w[s]`` on its weight gradient
+(``B`` and ``W``: zero-bubble schedules run them apart, the others as one backward).
+A forward needs the previous stage's forward of the same microbatch (plus ``p2p`` seconds
+of activation transfer), an input gradient the next stage's (the last stage: its own
+forward), a weight gradient its own input gradient. Each stage runs one operation at a
+time, in the schedule's order; the makespan is the step's time.
+
+* ``gpipe``: all forwards, then all backwards;
+* ``1f1b``: ``p - s - 1`` forwards to warm up, then one forward and one backward in turn
+  (PipeDream-Flush, Megatron's default);
+* ``interleaved``: 1F1B over ``v`` chunks of layers per stage (Megatron's virtual
+  pipeline: microbatches in groups of ``p``; ``m`` a multiple of ``p``);
+* ``zb``: zero bubble (Qi et al. 2024): B and W apart, each stage runs a ready B first,
+  else a forward while fewer than ``p - s`` microbatches wait for their B (1F1B's limit),
+  else a deferred W, which fills the bubbles. The W's are deferred without a memory cap, so
+  its makespan is at most ZB-H1's hand-made order's (``m (F + B + W) + (p - 1)(F + B - W)``
+  for equal stages, which it meets at ``F = B = W``) and ``peak_inflight``, microbatches
+  whose W is pending included, is this order's (above ZB-H1's, which holds 1F1B's peak).
+  ZB-H1's own order and DualPipe are not modelled yet.
+
+Equal stages without transfers give GPipe's and 1F1B's bubble ``(p - 1) / (m + p - 1)``:
+
+>>> r = simulate("1f1b", [Stage(1.0, 1.0, 1.0)] * 4, 8)
+>>> r.makespan, round(r.bubble_fraction, 6), round(3 / 11, 6)
+(33.0, 0.272727, 0.272727)
+>>> simulate("gpipe", [Stage(1.0, 1.0, 1.0)] * 4, 8).peak_inflight
+[8, 8, 8, 8]
+>>> simulate("1f1b", [Stage(1.0, 1.0, 1.0)] * 4, 8).peak_inflight
+[4, 3, 2, 1]
+>>> simulate("zb", [Stage(1.0, 1.0, 1.0)] * 4, 8).makespan   # 8 * 3 + 3 * (1 + 1 - 1)
+27.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+
+
+class ScheduleError(ValueError):
+    """A schedule the degrees do not allow."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage's seconds per microbatch: forward, input gradient, weight gradient."""
+    f: float
+    b: float
+    w: float
+
+
+@dataclass
+class Result:
+    schedule: str
+    stages: int
+    microbatches: int
+    makespan: float
+    busy: list[float]                    # seconds each stage computes
+    peak_inflight: list[int]             # most microbatches holding activations, per stage
+    order: list[list[tuple]] = field(default_factory=list, repr=False)   # per stage
+
+    @property
+    def bubble_fraction(self) -> float:
+        """The share of the stages' time spent idle: ``1 - sum(busy) / (p * makespan)``."""
+        return 1 - sum(self.busy) / (self.stages * self.makespan) if self.makespan else 0.0
+
+
+def _fixed_order(schedule: str, p: int, m: int, v: int) -> list[list[tuple]]:
+    """Per stage, its operations in order: ``(kind, microbatch, chunk)`` with kind ``F`` or
+    ``BW`` (input and weight gradient together)."""
+    orders = []
+    for s in range(p):
+        if schedule == "gpipe":
+            orders.append([("F", i, 0) for i in range(m)] + [("BW", i, 0) for i in range(m)])
+            continue
+        if schedule == "1f1b":
+            fs = [("F", i, 0) for i in range(m)]
+            bs = [("BW", i, 0) for i in range(m)]
+            warm = min(p - s - 1, m)
+        else:                                         # interleaved, Megatron's order
+            def mb(k):
+                return (k // (p * v)) * p + k % p
+            fs = [("F", mb(k), (k // p) % v) for k in range(m * v)]
+            bs = [("BW", mb(k), v - 1 - (k // p) % v) for k in range(m * v)]
+            warm = min((p - s - 1) * 2 + (v - 1) * p, m * v)
+        order = fs[:warm]
+        fi, bi = warm, 0
+        while fi < len(fs):
+            order += [fs[fi], bs[bi]]
+            fi, bi = fi + 1, bi + 1
+        orders.append(order + bs[bi:])
+    return orders
+
+
+def simulate(schedule: str, stages: list[Stage], microbatches: int, p2p: float = 0.0,
+             chunks: int = 1) -> Result:
+    """The makespan of ``schedule`` over these stage times (see the module doc); ``p2p``:
+    seconds to send one microbatch's activations (or their gradient) to the next stage;
+    ``chunks``: virtual stages per stage (``interleaved`` only; each chunk takes
+    ``1/chunks`` of its stage's times)."""
+    p, m, v = len(stages), microbatches, chunks
+    if schedule not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule {schedule!r}: one of {', '.join(SCHEDULES)}")
+    if p < 1 or m < 1:
+        raise ScheduleError(f"{p} stages, {m} microbatches: at least one of each")
+    if schedule == "interleaved":
+        if v < 2:
+            raise ScheduleError("interleaved needs at least 2 chunks (virtual stages) a stage")
+        if m % p:
+            raise ScheduleError(f"interleaved: {m} microbatches are not a multiple of the "
+                                f"{p} stages (Megatron's virtual pipeline needs it)")
+    elif v != 1:
+        raise ScheduleError(f"{schedule} runs one chunk a stage, not {v}")
+    last = p * v - 1                                  # the last virtual stage
+    done: dict[tuple, float] = {}                     # (kind, mb, virtual stage) -> finish
+
+    def vstage(s, c):
+        return c * p + s
+
+    def ready(kind, i, s, c):
+        """When the operation's input is there (None: not yet computed)."""
+        vs = vstage(s, c)
+        if kind == "F":
+            if vs == 0:
+                return 0.0
+            prev = done.get(("F", i, vs - 1))
+            return None if prev is None else prev + p2p
+        if kind in ("B", "BW"):
+            if vs == last:
+                return done.get(("F", i, vs))
+            nxt = done.get(("B", i, vs + 1))
+            return None if nxt is None else nxt + p2p
+        return done.get(("B", i, vs))                 # W after its own B
+
+    def cost(kind, s):
+        st = stages[s]
+        return {"F": st.f, "B": st.b, "W": st.w, "BW": st.b + st.w}[kind] / v
+
+    free = [0.0] * p
+    busy = [0.0] * p
+    held = [0] * p            # microbatches holding activations (forward done, W not yet)
+    waiting = [0] * p         # microbatches whose input gradient is not done yet
+    peak = [0] * p
+    log: list[list[tuple]] = [[] for _ in range(p)]
+
+    def run(s, op, start):
+        kind, i, c = op
+        end = start + cost(kind, s)
+        free[s] = end
+        busy[s] += end - start
+        vs = vstage(s, c)
+        done[(kind, i, vs)] = end
+        if kind == "BW":
+            done[("B", i, vs)] = end
+        if kind == "F":
+            held[s] += 1
+            waiting[s] += 1
+            peak[s] = max(peak[s], held[s])
+        if kind in ("BW", "W"):
+            held[s] -= 1
+        if kind in ("BW", "B"):
+            waiting[s] -= 1
+        log[s].append((kind, i, c, start, end))
+
+    if schedule != "zb":
+        orders = _fixed_order(schedule, p, m, v)
+        pos = [0] * p
+        while any(pos[s] < len(orders[s]) for s in range(p)):
+            best = None
+            for s in range(p):
+                if pos[s] < len(orders[s]):
+                    r = ready(*orders[s][pos[s]][:2], s, orders[s][pos[s]][2])
+                    if r is not None:
+                        t = max(free[s], r)
+                        if best is None or t < best[0]:
+                            best = (t, s)
+            if best is None:
+                raise ScheduleError(f"{schedule}: the order deadlocks")   # pragma: no cover
+            t, s = best
+            run(s, orders[s][pos[s]], t)
+            pos[s] += 1
+    else:
+        todo = [{("F", i, 0) for i in range(m)} | {("B", i, 0) for i in range(m)}
+                | {("W", i, 0) for i in range(m)} for _ in range(p)]
+        rank = {"B": 0, "F": 1, "W": 2}
+        while any(todo):
+            best = None
+            for s in range(p):
+                cands = []
+                for op in todo[s]:
+                    if op[0] == "F" and waiting[s] >= p - s:
+                        continue                      # 1F1B's in-flight limit
+                    r = ready(op[0], op[1], s, 0)
+                    if r is not None:
+                        cands.append((r, op))
+                if not cands:
+                    continue
+                t = max(free[s], min(r for r, _ in cands))
+                op = min((op for r, op in cands if r <= t), key=lambda o: (rank[o[0]], o[1]))
+                if best is None or t < best[0]:
+                    best = (t, s, op)
+            if best is None:
+                raise ScheduleError("zb: the schedule deadlocks")        # pragma: no cover
+            t, s, op = best
+            todo[s].discard(op)
+            run(s, op, t)
+    return Result(schedule, p, m, max(free), busy, peak, log)
+
+
+def closed_form_bubble(stages: int, microbatches: int) -> float:
+    """GPipe's and 1F1B's bubble with equal stages and no transfers.
+
+    >>> closed_form_bubble(4, 8)
+    0.2727272727272727
+    """
+    return (stages - 1) / (microbatches + stages - 1)
