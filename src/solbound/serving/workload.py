@@ -25,6 +25,7 @@ import io
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 from ..bounds.roofline import work_bound
@@ -397,13 +398,23 @@ def serve(sm, requests: list[Request], arch=None, limits: Limits | None = None,
     """The workload's lower bounds on each chip of ``arch`` (schema ``solbound.serving/1``).
     ``price``: USD per chip-hour, one for every chip or per chip id (default: the catalog's
     ``[cost] price_per_hour``), for the cost per million output tokens."""
+    import time
+
     import numpy as np
     limits = limits or Limits()
+    t0 = time.perf_counter()
     pl = plan(sm, requests, limits)
+    if getattr(sm, "progress", False):
+        print(f"  {len(requests)} requests as pieces ({time.perf_counter() - t0:.1f} s)",
+              file=sys.stderr, flush=True)
     serving = []
     for spec in specs_of(arch):
+        t0 = time.perf_counter()
         entry = bounds_on(pl, spec, memory_of(sm, spec, limits.memory_fraction), limits,
                           order_statistics, per_request)
+        if getattr(sm, "progress", False):
+            print(f"  bounds on {spec.id} ({time.perf_counter() - t0:.1f} s)",
+                  file=sys.stderr, flush=True)
         usd = price.get(spec.id) if isinstance(price, dict) else price
         if usd is not None:                      # per chip-hour; a replica is tp chips
             usd *= pl.tp
