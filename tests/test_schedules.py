@@ -63,3 +63,67 @@ def test_bad_schedules_are_one_line():
         simulate("interleaved", [Stage(1, 1, 1)] * 4, 6, chunks=2)
     with pytest.raises(ScheduleError, match="at least 2 chunks"):
         simulate("interleaved", [Stage(1, 1, 1)] * 4, 8)
+
+
+# --- the stages of a traced training step ---------------------------------------------------
+
+PP_MODEL = '''
+import torch, torch.nn as nn, transformers
+cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.m = transformers.LlamaForCausalLM(cfg)
+    def forward(self, ids, labels):
+        return self.m(input_ids=ids, labels=labels)
+def get_inputs():
+    ids = torch.randint(0, 64, (1, 16))
+    return [ids, ids]
+def get_init_inputs():
+    return []
+'''
+
+
+def test_training_step_pipelined(tmp_path, capsys):
+    """A 4-layer Llama step over 2 stages: the stages' MACs add up to the step's; each
+    layer's weight gradients (W) are dW = dY^T X of every linear plus the norms' weight
+    gradients (hand-derived); the makespan is the schedule's over the stage times; the
+    activations sent between stages are one microbatch's hidden states."""
+    import json
+    from solbound.cli import main
+    from solbound.hardware.catalog import load_spec
+    from solbound.schedules.stages import parts
+    import solbound
+    path = tmp_path / "pp_model.py"
+    path.write_text(PP_MODEL)
+    out = tmp_path / "pp.json"
+    assert main(["analyze", str(path), "--train", "--pp", "2", "--microbatches", "8",
+                 "--arch", "h100-sxm", "-q", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    pl = doc["pipeline"][0]
+    fwd_bwd = doc["phases"]["forward"]["macs"] + doc["phases"]["backward"]["macs"]
+    assert sum(s["macs"] for s in pl["stages"]) == fwd_bwd
+    assert [s["layers"] for s in pl["stages"]] == [2, 2]
+    T, D, H, KV, hd, F = 16, 32, 4, 2, 8, 64
+    assert pl["p2p_bytes"] == T * D * 4
+    rep = solbound.analyze_source(str(path), arch="h100-sxm", train=True)
+    phase_of = {op: g.get("phase", "forward") for op, g in rep.lowered.groups.items()}
+    pc = parts(rep.program, rep.counts, phase_of, rep.lowered.training["gradients"],
+               rep.policy)
+    assert pc[("W", "loop")].macs == T * (D * H * hd + 2 * D * KV * hd + H * hd * D
+                                          + 3 * D * F) + 2 * T * D
+    spec = load_spec("h100-sxm")
+    stages = [Stage(s["seconds"]["forward"], s["seconds"]["input_gradient"],
+                    s["seconds"]["weight_gradient"]) for s in pl["stages"]]
+    link = spec.links["scale_up"]
+    r = simulate("1f1b", stages, 8, p2p=T * D * 4 / link)
+    assert pl["makespan_seconds"] == pytest.approx(r.makespan)
+    assert pl["seconds"] == pytest.approx(r.makespan + pl["optimizer_seconds"])
+    capsys.readouterr()
+    assert main(["analyze", str(path), "--pp", "2", "-q"]) == 2
+    assert "add --train" in capsys.readouterr().err
+    assert main(["analyze", str(path), "--train", "--pp", "2", "--stage-split", "1,2",
+                 "-q"]) == 2
+    assert "holding all 4 layers" in capsys.readouterr().err

@@ -176,6 +176,10 @@ def cmd_analyze(a) -> int:
         except ValueError as e:
             if "not a chip" not in str(e):
                 return _err(str(e))
+    if getattr(a, "pp", None) and not a.train:
+        return _err("--pp pipelines a training step: add --train")
+    if getattr(a, "chunks", None) and a.schedule != "interleaved":
+        return _err(f"--chunks is for --schedule interleaved, not {a.schedule}")
     if a.validate and not a.quiet and sys.stderr.isatty():
         from .validate import compare
         compare.PROGRESS = True         # a progress bar while the IR runs
@@ -209,6 +213,11 @@ def cmd_analyze(a) -> int:
             rep.prices = _prices(a.price, [b.arch for b in rep.bounds])
         except ValueError as e:
             return _err(str(e))
+    if getattr(a, "pp", None):
+        try:
+            rep.pipeline = _pipeline(rep, a)
+        except ValueError as e:
+            return _err(str(e))
     if a.json:
         _write(a.json, rep.to_json())
     if a.html:
@@ -225,6 +234,14 @@ def cmd_analyze(a) -> int:
             rep.render_modules(a.by_module or None, format=a.format)
     else:
         print(rep.summary_line())
+    for d in getattr(rep, "pipeline", None) or []:
+        if a.json == "-":
+            break
+        print(f"pipeline {d['schedule']} on {d['arch']}: {len(d['stages'])} stages "
+              f"({', '.join(str(r['layers']) for r in d['stages'])} layers), "
+              f"{d['microbatches']} microbatches: {d['seconds'] * 1e3:.4g} ms a step "
+              f"(bubble {d['bubble_fraction']:.1%}, optimizer "
+              f"{d['optimizer_seconds'] * 1e3:.3g} ms)")
     if a.validate and rep.validation.get("status") == "failed":
         return EXIT_VALIDATION_FAILED
     if a.strict and rep.unsupported:
@@ -232,6 +249,43 @@ def cmd_analyze(a) -> int:
               + ", ".join(sorted({u.operator for u in rep.unsupported})), file=sys.stderr)
         return EXIT_UNCOUNTED
     return EXIT_OK
+
+
+def _pipeline(rep, a) -> list[dict]:
+    """``--pp``: the traced (one-microbatch) training step split into stages, on each chip."""
+    from .schedules.stages import parts, plan
+    info = getattr(rep.lowered, "training", None)
+    if info is None:
+        raise ValueError("--pp pipelines a training step: add --train")
+    split = None
+    if a.stage_split:
+        try:
+            split = [int(x) for x in a.stage_split.split(",")]
+        except ValueError:
+            raise ValueError(f"--stage-split {a.stage_split!r}: layers per stage like 8,8,8,8")
+    if a.chunks and a.schedule != "interleaved":
+        raise ValueError(f"--chunks is for --schedule interleaved, not {a.schedule}")
+    phase_of = {op: g.get("phase", "forward") for op, g in (rep.lowered.groups or {}).items()}
+    pieces = parts(rep.program, rep.counts, phase_of, info.get("gradients", {}), rep.policy)
+    m = a.microbatches or 2 * a.pp
+    chunks = a.chunks or (2 if a.schedule == "interleaved" else 1)
+    return [plan(pieces, spec, a.pp, m, a.schedule, chunks, split, _hidden_bytes(rep))
+            for spec in rep.specs]
+
+
+def _hidden_bytes(rep) -> float:
+    """Bytes a stage sends per microbatch: the most a kernel after the first layer loop
+    reads of what the loop wrote (the hidden states leaving the layers, read by the final
+    norm: the elements read, one layer's slice of a stacked tensor)."""
+    from .ir.model import kernel_reads
+    ks = rep.program.kernels
+    first = next((k.loop[0] for k in ks if k.loop is not None), None)
+    out = {o for k in ks if k.loop is not None and k.loop[0] == first for o in k.outputs}
+    tm = rep.program.tensor_map
+    sizes = [sum(fp.elements for _, fp in kc.reads[t]) * tm[t].itemsize
+             for k, kc in zip(ks, rep.counts.kernels) if k.loop is None
+             for t in {a.tensor for a in kernel_reads(k)} if t in out and t in kc.reads]
+    return float(max(sizes, default=0))
 
 
 def _prices(text: str, archs: list[str]) -> dict[str, float]:
@@ -688,6 +742,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run the IR against the program on real inputs")
     an.add_argument("--max-seconds", type=float, default=None,
                     help="validation time budget before reduced shapes are used")
+    an.add_argument("--pp", type=_positive_int, default=None, metavar="N",
+                    help="with --train: pipeline the step over N stages of its layers (the "
+                         "traced step is one microbatch); per-stage F/B/W work and the "
+                         "schedule's makespan")
+    an.add_argument("--microbatches", type=_positive_int, default=None, metavar="M",
+                    help="with --pp: microbatches a step (default 2 x the stages)")
+    an.add_argument("--schedule", default="1f1b",
+                    choices=("gpipe", "1f1b", "interleaved", "zb"),
+                    help="with --pp: the pipeline schedule (default 1f1b)")
+    an.add_argument("--chunks", type=_positive_int, default=None, metavar="V",
+                    help="with --schedule interleaved: layer chunks a stage (default 2)")
+    an.add_argument("--stage-split", default=None, metavar="N,N,...",
+                    help="with --pp: layers per stage (default: as even as the count allows)")
     an.add_argument("--max-bytes", type=float, default=None, metavar="GIB",
                     help="validation memory budget (GiB) before reduced shapes are used")
     an.add_argument("--top", type=int, default=8, help="operators listed in the top table")

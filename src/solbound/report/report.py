@@ -346,6 +346,8 @@ class Report:
             d["training"] = self.training
             d["phases"] = self.training["phases"]
             d["memory"] = self.training["memory"]
+        if getattr(self, "pipeline", None):
+            d["pipeline"] = self.pipeline
         return d
 
     def to_json(self) -> str:
