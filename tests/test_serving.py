@@ -307,6 +307,7 @@ def llama_tp2():
     return StepModel(_llama(layers=2), tp=2)
 
 
+@pytest.mark.xdist_group("serving_tp")
 def test_tensor_parallel_step_equals_rank_traces(llama_tp2):
     """At TP 2 (transformers' own plan, rank 0 under a fake process group) the step's counts
     and collectives from its regions equal a direct trace of rank 0's program. By hand: the
@@ -343,6 +344,7 @@ def test_tensor_parallel_step_equals_rank_traces(llama_tp2):
         sm.trace(seqs, validate=True)
 
 
+@pytest.mark.xdist_group("serving_tp")
 def test_tensor_parallel_serving_is_per_replica(llama_tp2, llama):
     """A workload at TP 2: throughput per replica and per chip, a replica's price twice a
     chip's, the per-rank weights in memory; a head count that does not split is one line."""
@@ -359,6 +361,7 @@ def test_tensor_parallel_serving_is_per_replica(llama_tp2, llama):
 
 # --- speculative decoding -----------------------------------------------------------------
 
+@pytest.mark.xdist_group("serving_fp8")
 def test_verify_step_keeps_every_tokens_logits():
     """The target's verify step (every new token's logits) from its regions equals a direct
     trace, and its MACs the hand-derived count: every layer and the LM head over all new
@@ -478,6 +481,7 @@ def test_cli_fleet_report(tmp_path, capsys):
 
 # --- FP8 linears and cache ----------------------------------------------------------------
 
+@pytest.mark.xdist_group("serving_fp8")
 def test_fp8_step_equals_direct_trace_and_halves_the_cache():
     """FP8 linears (e4m3 weights with a scale per row, activations quantized per token,
     ``_scaled_mm``) and an FP8 cache: the step's counts from its regions equal a direct
