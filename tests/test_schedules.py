@@ -86,6 +86,7 @@ def get_init_inputs():
 '''
 
 
+@pytest.mark.slow
 def test_training_step_pipelined(tmp_path, capsys):
     """A 4-layer Llama step over 2 stages: the stages' MACs add up to the step's; each
     layer's weight gradients (W) are dW = dY^T X of every linear plus the norms' weight

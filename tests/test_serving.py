@@ -345,6 +345,7 @@ def test_tensor_parallel_step_equals_rank_traces(llama_tp2):
 
 
 @pytest.mark.xdist_group("serving_tp")
+@pytest.mark.slow
 def test_tensor_parallel_serving_is_per_replica(llama_tp2, llama):
     """A workload at TP 2: throughput per replica and per chip, a replica's price twice a
     chip's, the per-rank weights in memory; a head count that does not split is one line."""
@@ -362,6 +363,7 @@ def test_tensor_parallel_serving_is_per_replica(llama_tp2, llama):
 # --- speculative decoding -----------------------------------------------------------------
 
 @pytest.mark.xdist_group("serving_fp8")
+@pytest.mark.slow
 def test_verify_step_keeps_every_tokens_logits():
     """The target's verify step (every new token's logits) from its regions equals a direct
     trace, and its MACs the hand-derived count: every layer and the LM head over all new
@@ -459,6 +461,7 @@ def test_provision_and_disaggregation(llama):
     assert d["prefill_to_decode_replicas"] == d["prefill_seconds"] / d["decode_seconds"]
 
 
+@pytest.mark.slow
 def test_cli_fleet_report(tmp_path, capsys):
     cfg = _llama(layers=2).config
     cfg.save_pretrained(tmp_path / "tiny")
