@@ -453,7 +453,7 @@ def test_provision_and_disaggregation(llama):
                                              "reason": "cannot shard"}
     late = provision({1: llama}, 40, 21, spec, throughput=1e3, ttft=1e-9, limits=lim)
     assert not late[0]["feasible"] and "first token" in late[0]["reason"]
-    d = disaggregate(llama, uniform(40, 21, 10), spec, lim)
+    d, = disaggregate(llama, uniform(40, 21, 10), spec, lim)
     per_token = 2 * 2 * KV * HD * 4                     # both layers' K and V rows, fp32
     assert d["kv_bytes_per_request"] == {"mean": 40 * per_token, "max": 40 * per_token}
     assert d["transfer_seconds_per_request"]["scale_up"] == \

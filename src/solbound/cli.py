@@ -254,17 +254,13 @@ def cmd_analyze(a) -> int:
 def _pipeline(rep, a) -> list[dict]:
     """``--pp``: the traced (one-microbatch) training step split into stages, on each chip."""
     from .schedules.stages import parts, plan
-    info = getattr(rep.lowered, "training", None)
-    if info is None:
-        raise ValueError("--pp pipelines a training step: add --train")
+    info = rep.lowered.training            # --train: checked before the analysis
     split = None
     if a.stage_split:
         try:
             split = [int(x) for x in a.stage_split.split(",")]
         except ValueError:
             raise ValueError(f"--stage-split {a.stage_split!r}: layers per stage like 8,8,8,8")
-    if a.chunks and a.schedule != "interleaved":
-        raise ValueError(f"--chunks is for --schedule interleaved, not {a.schedule}")
     phase_of = {op: g.get("phase", "forward") for op, g in (rep.lowered.groups or {}).items()}
     pieces = parts(rep.program, rep.counts, phase_of, info.get("gradients", {}), rep.policy)
     m = a.microbatches or 2 * a.pp
@@ -933,17 +929,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a vLLM `bench serve --save-result` JSON or SGLang `bench_serving` "
                          "output: its headroom per metric (per request with --save-detailed "
                          "/ --output-details, whose lengths are then the workload)")
-    se.add_argument("--max-batched-tokens", type=_positive_int, default=8192,
-                    help="new tokens per step at most (default 8192)")
-    se.add_argument("--max-seqs", type=_positive_int, default=256,
-                    help="sequences per step at most (default 256)")
+    _limit_args(se)
     se.add_argument("--no-chunked-prefill", action="store_true",
                     help="a prompt is computed in one step")
     se.add_argument("--prefix-hit", type=_fraction, default=0.0, metavar="F",
                     help="the share of each prompt found in the prefix cache (default 0)")
-    se.add_argument("--memory-fraction", type=_fraction, default=0.9, metavar="F",
-                    help="the share of the chip's memory for weights and cache (vLLM's "
-                         "gpu_memory_utilization; default 0.9)")
 
     se.set_defaults(fn=cmd_serve)
     sp = sub.add_parser("speculate", help="speculative decoding: the bound per output token "
@@ -968,7 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serving_args(fl, tp=False)
     fl.add_argument("--isl", type=_positive_int, required=True, help="prompt tokens a request")
     fl.add_argument("--osl", type=_positive_int, required=True, help="output tokens a request")
-    fl.add_argument("--tp", default="1,2,4,8", metavar="N,...",
+    fl.add_argument("--tp", type=_degrees, default=[1, 2, 4, 8], metavar="N,...",
                     help="tensor-parallel degrees to consider (default 1,2,4,8)")
     fl.add_argument("--throughput", type=float, default=None, metavar="TOK/S",
                     help="output tokens per second the fleet must serve")
@@ -979,9 +969,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--requests", type=_positive_int, default=1000,
                     help="requests of the offline workload a replica's throughput is bounded "
                          "on (default 1000)")
-    fl.add_argument("--max-batched-tokens", type=_positive_int, default=8192)
-    fl.add_argument("--max-seqs", type=_positive_int, default=256)
-    fl.add_argument("--memory-fraction", type=_fraction, default=0.9, metavar="F")
+    _limit_args(fl)
     fl.add_argument("--disaggregate", action="store_true",
                     help="also bound prefill and decode on separate replicas: their ratio and "
                          "the cache each request sends")
@@ -1082,12 +1070,7 @@ def cmd_fleet(a) -> int:
     from .serving.models import load_model
     from .serving.step import Seq
     from .serving.workload import Limits, uniform
-    try:
-        tps = sorted({int(x) for x in a.tp.split(",")})
-    except ValueError:
-        return _err(f"--tp {a.tp!r}: degrees like 1,2,4,8")
-    if not tps or min(tps) < 1:
-        return _err(f"--tp {a.tp!r}: degrees of at least 1")
+    tps = sorted(set(a.tp))
     prices = _serving_prices(a)
     limits = Limits(a.max_batched_tokens, a.max_seqs, True, 0.0, a.memory_fraction)
     model = load_model(a.model, a.dtype)
@@ -1128,16 +1111,9 @@ def cmd_fleet(a) -> int:
                                      ttft=a.ttft, tpot=a.tpot, limits=limits,
                                      requests=a.requests, price=prices)
     if a.disaggregate:
-        doc["disaggregated"] = []
-        for spec in specs_of(a.arch):
-            for tp, sm in models.items():
-                if isinstance(sm, str):
-                    continue
-                try:
-                    doc["disaggregated"].append(
-                        disaggregate(sm, uniform(a.isl, a.osl, a.requests), spec, limits))
-                except StepError:
-                    continue          # the weights do not fit: said in the frontier
+        doc["disaggregated"] = [d for sm in models.values() if not isinstance(sm, str)
+                                for d in disaggregate(sm, uniform(a.isl, a.osl, a.requests),
+                                                      a.arch, limits)]
     if a.json:
         _write(a.json, dumps(doc, indent=2) + "\n")
     if a.html:
@@ -1267,21 +1243,24 @@ def cmd_serve(a) -> int:
 
 
 def _duration(text: str) -> float:
-    """``20ms``, ``1.5s``, ``300us`` or seconds."""
-    t = text.strip().lower()
-    for unit, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0)):
-        if t.endswith(unit):
-            t, f = t[:-len(unit)], scale
-            break
-    else:
-        f = 1.0
+    """``20ms``, ``1.5s``, ``300us`` or seconds (``bounds.provision.parse_latency``)."""
+    from .bounds.provision import TargetError, parse_latency
     try:
-        v = float(t) * f
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a time like 20ms or 1.5s") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a positive time")
-    return v
+        return parse_latency(text)
+    except TargetError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a time like 20ms or 1.5s, above 0") \
+            from None
+
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    """An engine's limits a serving workload runs under (serve, fleet)."""
+    p.add_argument("--max-batched-tokens", type=_positive_int, default=8192,
+                   help="new tokens per step at most (default 8192)")
+    p.add_argument("--max-seqs", type=_positive_int, default=256,
+                   help="sequences per step at most (default 256)")
+    p.add_argument("--memory-fraction", type=_fraction, default=0.9, metavar="F",
+                   help="the share of the chip's memory for weights and cache (vLLM's "
+                        "gpu_memory_utilization; default 0.9)")
 
 
 def _serving_args(p: argparse.ArgumentParser, tp: bool = True) -> None:

@@ -93,19 +93,30 @@ def phase_counts(program: Program, counts, phase_of: dict[str, str]) -> dict[str
         p["bytes"]["unfused"] += g.traffic.bytes
     for p in out.values():
         p["flops"] = sum(p["flops_by_unit"].values())
-    # fused: a DRAM tensor's read to the phase of its first reader, a write to its writer's
-    first_reader: dict[str, str] = {}
-    writer: dict[str, str] = {}
-    for k, kc in zip(program.kernels, counts.kernels):
-        ph = phase_of.get(k.op, "forward")
+    labels = [phase_of.get(k.op, "forward") for k in program.kernels]
+    for ph, b in fused_bytes_by(counts, labels, "forward").items():
+        out[ph]["bytes"]["fused"] += b
+    return out
+
+
+def fused_bytes_by(counts, labels: list, default=None) -> dict:
+    """The fused DRAM bytes split by a label per kernel (``labels[i]`` for kernel ``i``):
+    each tensor's read charged to its first reader's label, each write to its (last)
+    writer's, a tensor no kernel touches to ``default``."""
+    first_reader: dict[str, object] = {}
+    writer: dict[str, object] = {}
+    for lab, kc in zip(labels, counts.kernels):
         for t in kc.reads:
-            first_reader.setdefault(t, ph)
+            first_reader.setdefault(t, lab)
         for t in kc.writes:
-            writer[t] = ph
+            writer[t] = lab
+    out: dict = {}
     for t, b in counts.fused.reads.items():
-        out[first_reader.get(t, "forward")]["bytes"]["fused"] += b
+        lab = first_reader.get(t, default)
+        out[lab] = out.get(lab, 0) + b
     for t, b in counts.fused.writes.items():
-        out[writer.get(t, "forward")]["bytes"]["fused"] += b
+        lab = writer.get(t, default)
+        out[lab] = out.get(lab, 0) + b
     return out
 
 

@@ -281,7 +281,6 @@ def _guard_operand(p: Kernel) -> Kernel:
     """``p`` (an elementwise collective whose operand is read through variables of its own)
     with each guard atom over its result's variables repeated over the operand's variables
     at the same coordinate, so its reads, and through them its producer, are confined."""
-    from .model import kernel_reads
     reads = list(kernel_reads(p))
     if len(reads) != 1 or len(reads[0].index) != len(p.out_index):
         return p
@@ -290,14 +289,7 @@ def _guard_operand(p: Kernel) -> Kernel:
         if len(o.terms) == 1 and o.terms[0][1] == 1 and o.const == 0 and \
                 len(r.terms) == 1 and r.terms[0][1] == 1 and r.const == 0:
             sub[o.terms[0][0]] = Aff.var(r.terms[0][0])
-    extra = []
-    for a in p.guard:
-        if a.expr.vars and set(a.expr.vars) <= set(sub):
-            try:
-                extra.append(Atom(a.expr.subst(sub), a.lo, a.hi))
-            except QuotientError:
-                pass
-    return _add_atoms(p, extra) if extra else p
+    return _add_atoms(p, _translate(set(p.guard), sub))
 
 
 def _add_skip(p: Kernel, skips: list, sub: dict[str, Aff]) -> Kernel:

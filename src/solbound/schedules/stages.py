@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..analysis.training import fused_bytes_by
 from ..bounds.roofline import Policy, work_bound, work_of
+from ..ir.model import kernel_reads
 from .pipeline import ScheduleError, Stage, simulate
 
 
@@ -52,7 +54,6 @@ class Part:
 
 def _classify(program, phase_of: dict[str, str], gradients: dict[str, str]) -> list[str]:
     """Per kernel: ``F``, ``B``, ``W`` or ``O`` (optimizer); see the module doc."""
-    from ..ir.model import kernel_reads
     ks = program.kernels
     phase = [phase_of.get(k.op, "forward") for k in ks]
     readers: dict[str, list[int]] = {}
@@ -97,29 +98,17 @@ def parts(program, counts, phase_of: dict[str, str], gradients: dict[str, str],
         elif c in ("B", "W"):
             where.append("last" if i < first_loop.get("BW", len(ks)) else "first")
         else:
-            names = " ".join(a.tensor for a in _reads(k))
+            names = " ".join(a.tensor for a in kernel_reads(k))
             where.append("first" if "embed" in names or "wte" in names else "last")
-    # fused bytes: a DRAM tensor's read to its first reader, a write to its writer
-    first_reader: dict[str, int] = {}
-    writer: dict[str, int] = {}
-    for i, kc in enumerate(kcs):
-        for t in kc.reads:
-            first_reader.setdefault(t, i)
-        for t in kc.writes:
-            writer[t] = i
+    labels = list(zip(cls, where))
     out: dict[tuple, Part] = {}
-    for i, (k, kc) in enumerate(zip(ks, kcs)):
-        p = out.setdefault((cls[i], where[i]), Part())
+    for lab, kc in zip(labels, kcs):
         w, s = work_of([kc], policy)
-        p.add(Part(w, s, float(sum(kc.flops.values())), float(kc.macs)))
-    for t, b in counts.fused.reads.items():
-        i = first_reader.get(t)
-        if i is not None:
-            out.setdefault((cls[i], where[i]), Part()).bytes += b
-    for t, b in counts.fused.writes.items():
-        i = writer.get(t)
-        if i is not None:
-            out.setdefault((cls[i], where[i]), Part()).bytes += b
+        out.setdefault(lab, Part()).add(Part(w, s, float(sum(kc.flops.values())),
+                                             float(kc.macs)))
+    for lab, b in fused_bytes_by(counts, labels).items():
+        if lab is not None:
+            out.setdefault(lab, Part()).bytes += b
     if trip:
         for key, p in out.items():
             if key[1] == "loop":
@@ -128,11 +117,6 @@ def parts(program, counts, phase_of: dict[str, str], gradients: dict[str, str],
                 out[key] = per
     out[("trip", "")] = Part(macs=trip)
     return out
-
-
-def _reads(k):
-    from ..ir.model import kernel_reads
-    return kernel_reads(k)
 
 
 def split_layers(layers: int, stages: int, split: list[int] | None = None) -> list[int]:

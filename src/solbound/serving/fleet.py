@@ -37,7 +37,7 @@ import math
 from ..pipeline import specs_of
 from .capacity import memory_of
 from .step import Seq, StepError, StepModel
-from .workload import Limits, phase_bound, plan, serve, uniform
+from .workload import Limits, bounds_on, phase_bound, plan, price_of, uniform
 
 SCHEMA = "solbound.fleet/1"
 
@@ -65,6 +65,7 @@ def breakdown(sm: StepModel, seqs) -> dict:
     """A step's bytes and MACs by what they are: weights read (experts apart), the cache and
     activations, the MACs that grow with the context (attention over the cache) and the
     rest, and the collectives' payload."""
+    import numpy as np
     seqs = sm.check(seqs)
     c = sm.fast_counts(seqs)
     sizes = sm.sizes()
@@ -73,7 +74,6 @@ def breakdown(sm: StepModel, seqs) -> dict:
     for key, m in sm._sums(seqs).items():
         r = sm.region(key)
         names, mat = r.matrix()
-        import numpy as np
         vals = dict(zip(names, mat @ np.array(m, dtype=float)))
         for n, v in vals.items():
             if n.startswith("read:"):
@@ -134,10 +134,10 @@ def provision(models: dict[int, StepModel | str], isl: int, osl: int, arch, *,
     limits = limits or Limits()
     reqs = uniform(isl, osl, requests)
     ctx = decode_context(isl, osl)
+    plans = {tp: plan(sm, reqs, limits) for tp, sm in models.items() if not isinstance(sm, str)}
     rows = []
     for spec in specs_of(arch):
-        usd = price.get(spec.id) if isinstance(price, dict) else price
-        usd = usd if usd is not None else spec.price_per_hour
+        usd = price_of(price, spec)
         for tp, sm in sorted(models.items()):
             row = {"arch": spec.id, "tp": tp, "feasible": False}
             rows.append(row)
@@ -146,12 +146,13 @@ def provision(models: dict[int, StepModel | str], isl: int, osl: int, arch, *,
                 continue
             try:
                 mem = memory_of(sm, spec, limits.memory_fraction)
-                one = serve(sm, reqs[:1], spec, limits)["serving"][0]
-                off = serve(sm, reqs, spec, limits)["serving"][0]
+                # the workload's bounds, and each request's own (alone on a replica)
+                off = bounds_on(plans[tp], spec, mem, limits, True, True)
             except StepError as e:
                 row["reason"] = str(e)
                 continue
-            t_first, t_tok = one["ttft_seconds"]["p50"], one["tpot_seconds"]["p50"]
+            t_first = off["requests"]["ttft_seconds"][0]
+            t_tok = off["requests"]["tpot_seconds"][0]
             row.update(ttft_seconds=t_first, tpot_seconds=t_tok,
                        offline_output_tokens_per_second=off["output_tokens_per_second"])
             if ttft is not None and t_first > ttft:
@@ -179,29 +180,37 @@ def provision(models: dict[int, StepModel | str], isl: int, osl: int, arch, *,
     return rows
 
 
-def disaggregate(sm: StepModel, requests, spec, limits: Limits | None = None) -> dict:
-    """Prefill and decode on separate replicas of ``sm`` on ``spec`` (see the module doc)."""
+def disaggregate(sm: StepModel, requests, arch, limits: Limits | None = None) -> list[dict]:
+    """Prefill and decode on separate replicas of ``sm``, one row per chip of ``arch`` that
+    holds the weights (see the module doc)."""
     import numpy as np
     limits = limits or Limits()
     pl = plan(sm, requests, limits)
-    mem = memory_of(sm, spec, limits.memory_fraction)
     steps = np.maximum(pl.out - 1, 0)
     pre_steps = int(math.ceil(int(pl.q.sum()) / limits.max_batched_tokens))
-    kv = sum(mem.kv_steps(int(a) + 1, int(o) - 1) for a, o in zip(pl.q, pl.out) if o > 1)
-    dec_steps = int(max(steps.max(), math.ceil(int(steps.sum()) / limits.max_seqs),
-                        math.ceil(kv / mem.free)))
-    pre = phase_bound(pl, spec, (pl.pre,), pre_steps)
-    dec = phase_bound(pl, spec, (pl.dec,), dec_steps) if dec_steps else None
-    per_rank = [mem.kv_bytes(int(p)) for p in pl.p]
-    links = {k: float(v) for k, v in spec.links.items() if k in ("scale_up", "scale_out") and v}
-    n = len(pl.p)
-    out = {"arch": spec.id, "tp": sm.tp,
-           "prefill_seconds": pre.seconds, "decode_seconds": dec.seconds if dec else 0.0,
-           "prefill_bound": pre.bound, "decode_bound": dec.bound if dec else None,
-           "prefill_to_decode_replicas": pre.seconds / dec.seconds if dec else None,
-           "kv_bytes_per_request": {"mean": sum(per_rank) * sm.tp / n,
-                                    "max": max(per_rank) * sm.tp},
-           "transfer_seconds_per_request": {k: max(per_rank) / bw for k, bw in links.items()}}
+    out = []
+    for spec in specs_of(arch):
+        try:
+            mem = memory_of(sm, spec, limits.memory_fraction)
+        except StepError:
+            continue                  # the weights do not fit: said by the frontier
+        kv = sum(mem.kv_steps(int(a) + 1, int(o) - 1) for a, o in zip(pl.q, pl.out) if o > 1)
+        dec_steps = int(max(steps.max(), math.ceil(int(steps.sum()) / limits.max_seqs),
+                            math.ceil(kv / mem.free)))
+        pre = phase_bound(pl, spec, (pl.pre,), pre_steps)
+        dec = phase_bound(pl, spec, (pl.dec,), dec_steps) if dec_steps else None
+        per_rank = [mem.kv_bytes(int(p)) for p in pl.p]
+        links = {k: float(v) for k, v in spec.links.items()
+                 if k in ("scale_up", "scale_out") and v}
+        out.append({"arch": spec.id, "tp": sm.tp,
+                    "prefill_seconds": pre.seconds,
+                    "decode_seconds": dec.seconds if dec else 0.0,
+                    "prefill_bound": pre.bound, "decode_bound": dec.bound if dec else None,
+                    "prefill_to_decode_replicas": pre.seconds / dec.seconds if dec else None,
+                    "kv_bytes_per_request": {"mean": sum(per_rank) * sm.tp / len(pl.p),
+                                             "max": max(per_rank) * sm.tp},
+                    "transfer_seconds_per_request": {k: max(per_rank) / bw
+                                                     for k, bw in links.items()}})
     return out
 
 

@@ -470,27 +470,22 @@ class StepCounts:
         return d
 
     def collectives(self) -> list:
-        """The step's collectives as ``bounds.comm.comm_time`` takes them: one per kind
-        and group size, its payload the sum over the step's calls (the time is linear in
-        the payload on each link)."""
-        out = []
-        for k, v in sorted(self.comm.items()):
-            kind, ranks = k.split(":")
-            out.append(StepCollective(kind, int(round(v)), int(ranks)))
-        return out
+        """The step's collectives as ``bounds.comm.comm_time`` takes them
+        (:func:`collectives_of`)."""
+        return collectives_of(self.comm)
 
 
-@dataclass(frozen=True)
-class StepCollective:
-    kind: str
-    bytes: int
-    ranks: int
-    calls: int = 1
-    perm: tuple = ()
-
-    @property
-    def members(self) -> tuple[int, ...]:
-        return tuple(range(self.ranks))
+def collectives_of(payloads: dict[str, float]) -> list:
+    """``KIND:RANKS -> payload bytes`` (a tensor-parallel rank's step components, summed over
+    its calls and pieces) as ``analysis.counts.Collective``s over the whole group, one call
+    each: a collective's time is linear in its payload on each link, so payloads add."""
+    from ..analysis.counts import Collective
+    out = []
+    for k, v in sorted(payloads.items()):
+        kind, ranks = k.split(":")
+        if v:
+            out.append(Collective(kind, int(round(v)), int(ranks), 1, "", "", "", ""))
+    return out
 
 
 def _integral(x: float, what: str) -> int:

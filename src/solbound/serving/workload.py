@@ -32,7 +32,7 @@ from ..bounds.roofline import work_bound
 from ..hardware.catalog import Spec
 from ..pipeline import specs_of
 from .capacity import Memory, memory_of
-from .step import StepError, monomials, region_of
+from .step import StepError, collectives_of, monomials, region_of
 
 SCHEMA = "solbound.serving/1"
 PERCENTILES = (50, 90, 99)
@@ -247,15 +247,6 @@ def _row(tab: dict, i: int, prefix: str) -> dict[str, float]:
             if c.startswith(prefix) and v[i]}
 
 
-def _comm(values: dict[str, float]) -> list:
-    """A tensor-parallel rank's collectives from ``comm:KIND:RANKS`` payloads (the step
-    model's components): the time of a collective is linear in its payload, so pieces'
-    payloads add."""
-    from .step import StepCollective
-    return [StepCollective(c.split(":")[0], int(round(v)), int(c.split(":")[1]))
-            for c, v in sorted(values.items()) if v]
-
-
 def _bytes(pl: _Plan, tab: dict, steps):
     """Per request: the bytes of its pieces but the shared tensors, plus the shared tensors
     over ``steps`` steps (whole ones each step, partial ones at least what the pieces read,
@@ -294,13 +285,13 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits,
     for i in range(n):
         b = work_bound(_row(pl.pre, i, "work:"), _row(pl.pre, i, "special:"),
                        pre_bytes[i], 0, spec, "fused",
-                       collectives=_comm(_row(pl.pre, i, "comm:")))
+                       collectives=collectives_of(_row(pl.pre, i, "comm:")))
         ttft[i] = b.seconds
         pre_units.append(b.unit_seconds)
         if steps[i]:
             tpot[i] = work_bound(_row(pl.dec, i, "work:"), _row(pl.dec, i, "special:"),
                                  dec_bytes[i], 0, spec, "fused",
-                                 collectives=_comm(_row(pl.dec, i, "comm:"))
+                                 collectives=collectives_of(_row(pl.dec, i, "comm:"))
                                  ).seconds / steps[i]
     chain = ttft + np.nan_to_num(tpot) * steps
     offline = order_statistics and bool(np.all(pl.arrival == pl.arrival[0]))
@@ -369,7 +360,7 @@ def phase_bound(pl: _Plan, spec: Spec, tabs: tuple, steps: int):
     flops = float(sum(v.sum() for tab in tabs for c, v in tab.items()
                       if c.startswith("flops:")))
     return work_bound(work, special, total_bytes, flops, spec, "fused",
-                      collectives=_comm(comm))
+                      collectives=collectives_of(comm))
 
 
 def _order_bound(pl: _Plan, spec: Spec, units: list[dict]):
@@ -390,6 +381,14 @@ def _order_bound(pl: _Plan, spec: Spec, units: list[dict]):
         t = np.sort(np.array([d.get(u, 0.0) for d in units]))
         best = np.maximum(best, np.cumsum(t))
     return best[:n]
+
+
+def price_of(price: float | dict[str, float] | None, spec: Spec,
+             catalog: bool = True) -> float | None:
+    """USD per chip-hour on ``spec``: one price for every chip or per chip id, else (with
+    ``catalog``) the chip's ``[cost] price_per_hour``."""
+    usd = price.get(spec.id) if isinstance(price, dict) else price
+    return usd if usd is not None or not catalog else spec.price_per_hour
 
 
 def serve(sm, requests: list[Request], arch=None, limits: Limits | None = None,
@@ -415,7 +414,7 @@ def serve(sm, requests: list[Request], arch=None, limits: Limits | None = None,
         if getattr(sm, "progress", False):
             print(f"  bounds on {spec.id} ({time.perf_counter() - t0:.1f} s)",
                   file=sys.stderr, flush=True)
-        usd = price.get(spec.id) if isinstance(price, dict) else price
+        usd = price_of(price, spec, catalog=False)
         if usd is not None:                      # per chip-hour; a replica is tp chips
             usd *= pl.tp
             entry["price_per_hour"] = usd
