@@ -378,9 +378,9 @@ def test_verify_step_keeps_every_tokens_logits():
     assert sm.counts(seqs).macs == want
 
 
-def test_speculation_rounds_and_best_k(llama, tmp_path):
+def test_speculation_rounds_and_best_k(llama):
     """A round is the draft's K decode steps plus the target's verify of K + 1 tokens; with
-    nothing accepted plain decoding (K = 0) wins; the CLI writes solbound.speculative/1."""
+    nothing accepted plain decoding (K = 0) wins."""
     from solbound.serving.speculative import Speculation, expected_tokens, head_model
     target = _llama(layers=2)
     sp = Speculation(llama, StepModel(target, logits="all"),
@@ -395,7 +395,13 @@ def test_speculation_rounds_and_best_k(llama, tmp_path):
     assert one["rounds"][1]["tokens_per_round"] == 4 == expected_tokens((1.0,), 3)
     assert one["rounds"][1]["seconds_per_token"] == pytest.approx(
         one["rounds"][1]["seconds"] / 4)
-    cfg = target.config
+
+
+@pytest.mark.slow
+def test_cli_speculate_json(tmp_path):
+    """The CLI writes solbound.speculative/1 (it builds its three step models from a config
+    directory: the slow marker keeps the suite's time)."""
+    cfg = _llama(layers=2).config
     cfg.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "spec.json"
     assert main(["speculate", str(tmp_path / "tiny"), "--draft", "layers:1", "--acceptance",

@@ -952,6 +952,37 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--ctx", type=_positive_int, default=2048,
                     help="cached tokens per sequence (default 2048)")
     sp.set_defaults(fn=cmd_speculate)
+    pl = sub.add_parser("plan", help="training at cluster scale: the fastest TP x PP x DP "
+                                     "plans of a model on N chips, with memory per rank")
+    pl.add_argument("model", help="a transformers config: a directory with config.json, a "
+                                  ".json file or a bundled name (llama-3-8b, llama-3-70b)")
+    pl.add_argument("--train", action="store_true", help="plan a training step (required: "
+                                                         "the plans searched are training's)")
+    pl.add_argument("--chips", type=_positive_int, required=True, help="chips in all")
+    pl.add_argument("--arch", required=True, help="the chip (see `solbound chips`)")
+    pl.add_argument("--global-batch", type=_positive_int, required=True, metavar="B",
+                    help="sequences a step (data parallel x microbatch x microbatches)")
+    pl.add_argument("--seq", type=_positive_int, default=4096,
+                    help="tokens a sequence (default 4096)")
+    pl.add_argument("--tp", default=None, metavar="T,...",
+                    help="tensor-parallel degrees to consider (default: the powers of two up "
+                         "to the chip's scale-up domain that split the heads)")
+    pl.add_argument("--pp", default=None, metavar="P,...",
+                    help="pipeline degrees to consider (default: every divisor that fits)")
+    pl.add_argument("--mbs", default="1", metavar="B,...",
+                    help="microbatch sizes to consider (default 1; each is traced once a TP "
+                         "degree)")
+    pl.add_argument("--schedules", default="1f1b,interleaved,zb", metavar="S,...",
+                    help="pipeline schedules to consider (gpipe, 1f1b, interleaved, zb; "
+                         "default 1f1b,interleaved,zb)")
+    pl.add_argument("--dtype", default="bfloat16",
+                    help="the parameters' dtype (default bfloat16; AdamW's state follows it)")
+    pl.add_argument("--top", type=_positive_int, default=10, help="plans shown (default 10)")
+    pl.add_argument("--jobs", type=_positive_int, default=None,
+                    help="processes tracing the profiles (default: the CPUs)")
+    pl.add_argument("--json", metavar="PATH", help="write the JSON (- for stdout)")
+    pl.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    pl.set_defaults(fn=cmd_plan)
     fl = sub.add_parser("fleet", help="many chips: the throughput/interactivity frontier, the "
                                       "fewest chips and TP degree for targets, disaggregated "
                                       "prefill and decode, an HTML report")
@@ -1058,6 +1089,99 @@ def cmd_speculate(a) -> int:
                   f"{r['tokens_per_second_per_sequence']:,.0f} tok/s/user  "
                   f"{r['output_tokens_per_second']:,.0f} tok/s  "
                   f"x{r['speedup_over_decoding']:.2f} over decoding")
+    return 0
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    """``--tp 1,2,4``: positive whole numbers (None when not given)."""
+    if text is None:
+        return None
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise _Usage(f"{flag} {text!r}: whole numbers like 1,2,4") from None
+    if not out or min(out) < 1:
+        raise _Usage(f"{flag} {text!r}: whole numbers of at least 1")
+    return sorted(set(out))
+
+
+def cmd_plan(a) -> int:
+    import time
+
+    from .pipeline import specs_of
+    from .planning.search import PlanError, Search, run
+    from .planning.trace import profiles as trace_profiles
+    from .planning.trace import shard_config
+    from .report.report import dumps
+    from .schedules.pipeline import SCHEDULES
+    from .serving.models import load_config
+    if not a.train:
+        return _err("plan searches training plans: add --train")
+    specs = specs_of(a.arch)
+    if len(specs) != 1:
+        return _err(f"--arch {a.arch!r}: plan one chip at a time")
+    spec = specs[0]
+    schedules = tuple(x.strip() for x in a.schedules.split(",") if x.strip())
+    bad = [x for x in schedules if x not in SCHEDULES]
+    if bad or not schedules:
+        return _err(f"--schedules {a.schedules!r}: among {', '.join(SCHEDULES)}")
+    cfg, _ = load_config(a.model)
+    tps, pps, mbss = _ints(a.tp, "--tp"), _ints(a.pp, "--pp"), _ints(a.mbs, "--mbs")
+    if tps is None:
+        domain = int(spec.links.get("scale_up_domain", 1)) if spec.links else 1
+        tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= min(domain, a.chips)]
+    elif 1 not in tps:
+        tps = [1] + tps           # the model's FLOPs (MFU) are the TP-1 step's
+    for t in list(tps):
+        if a.chips % t:
+            if a.tp is not None:
+                return _err(f"--tp {t} does not divide {a.chips} chips")
+            tps.remove(t)
+            continue
+        try:
+            shard_config(cfg, t)
+        except PlanError as e:
+            if a.tp is not None:
+                return _err(str(e))
+            tps.remove(t)
+    layers = cfg.num_hidden_layers
+    for p in pps or []:
+        if a.chips % p:
+            return _err(f"--pp {p} does not divide {a.chips} chips")
+        if p > layers:
+            return _err(f"--pp {p}: more stages than the model's {layers} layers")
+    def progress(read, todo):
+        if not a.quiet and todo:
+            print(f"tracing the step {len(todo)} time(s) ({read} read from the cache): "
+                  + ", ".join(f"tp {t} microbatch {b}" for t, b in todo)
+                  + f", {a.seq} tokens ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    profiles = trace_profiles(cfg, [(t, b) for t in tps for b in mbss], a.seq, a.dtype,
+                              spec.id, a.jobs, progress)
+    traced = time.perf_counter() - t0
+    search = Search(a.chips, a.global_batch, schedules, pp=tuple(pps) if pps else None)
+    try:
+        doc = run(profiles, spec, search)
+    except PlanError as e:
+        return _err(str(e))
+    doc = {"schema": "solbound.plan/1", "model": a.model, "seq": a.seq, "dtype": a.dtype,
+           **doc, "profile_seconds": traced}
+    doc["plans"] = doc["plans"][:a.top]
+    if a.json:
+        _write(a.json, dumps(doc, indent=2) + "\n")
+    if a.json == "-":
+        return 0
+    print(f"{a.model} training on {a.chips} x {spec.id}: global batch {a.global_batch} x "
+          f"{a.seq} tokens; {doc['searched']:,} plans searched in "
+          f"{doc['search_seconds']:.1f} s ({len(profiles)} profiles traced or read in "
+          f"{traced:.1f} s), {doc['fitting']:,} fit")
+    print(f"  {'plan':<46} {'step':>10} {'MFU':>6} {'memory/rank':>12} {'bubble':>7}")
+    for r in doc["plans"]:
+        print(f"  {r['label']:<46} {r['seconds'] * 1e3:>8.4g}ms {r['mfu'] * 100:>5.1f}% "
+              f"{_size(int(r['memory_bytes'])):>12} {r['bubble_fraction'] * 100:>6.1f}%")
+    print("  Pareto of step time and memory: " + "; ".join(
+        f"{r['label']} ({r['seconds'] * 1e3:.4g} ms, {_size(int(r['memory_bytes']))})"
+        for r in doc["pareto"][:6]))
     return 0
 
 

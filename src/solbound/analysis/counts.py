@@ -138,13 +138,23 @@ def program_dtypes(g: Graph) -> dict[str, str]:
     """
     tensors = g.program.tensor_map
     origin: dict[str, str] = {}
+    # a copy that widens a 16-bit float to fp32 (``q.float()``) carries its source's
+    # precision to whoever reads it: a training step's graph holds the CPU decomposition
+    # of attention as separate operators (``bmm`` of upcast bf16 operands, fp32 score
+    # gradients times upcast keys), which a GPU runs in bf16 (a dequantizing copy of fp8
+    # weights to bf16 is not one: the product runs at bf16)
+    copies = {o for n in g.nodes if n.kernel.reduce is None and len(n.operands) == 1
+              and isinstance(_strip_cast(n.kernel.body), Access)
+              and tensors[n.operands[0].tensor].dtype in ("bf16", "f16")
+              for o in n.kernel.outputs if tensors[o].dtype == "f32"}
     for n in g.nodes:
         k = n.kernel
         best = None
         for acc in n.operands:
             t = acc.tensor
-            inside = bool(k.op) and any(g.nodes[i].kernel.op == k.op
-                                        for i in g.producers.get(t, ()))
+            inside = (bool(k.op) and any(g.nodes[i].kernel.op == k.op
+                                         for i in g.producers.get(t, ()))) or \
+                (t in copies and t in origin)
             dt = origin.get(t) if inside else tensors[t].dtype
             if dt in _WIDTH and (best is None or _WIDTH[dt] < _WIDTH[best]):
                 best = dt

@@ -167,47 +167,66 @@ def simulate(schedule: str, stages: list[Stage], microbatches: int, p2p: float =
         log[s].append((kind, i, c, start, end))
 
     if schedule != "zb":
+        # each stage runs its order; an operation starts when its stage is free and its
+        # input is there, so the times do not depend on which stage is advanced first
         orders = _fixed_order(schedule, p, m, v)
         pos = [0] * p
-        while any(pos[s] < len(orders[s]) for s in range(p)):
-            best = None
+        left = sum(len(o) for o in orders)
+        while left:
+            moved = False
             for s in range(p):
-                if pos[s] < len(orders[s]):
-                    r = ready(*orders[s][pos[s]][:2], s, orders[s][pos[s]][2])
-                    if r is not None:
-                        t = max(free[s], r)
-                        if best is None or t < best[0]:
-                            best = (t, s)
-            if best is None:
+                while pos[s] < len(orders[s]):
+                    kind, i, c = orders[s][pos[s]]
+                    r = ready(kind, i, s, c)
+                    if r is None:
+                        break
+                    run(s, orders[s][pos[s]], max(free[s], r))
+                    pos[s] += 1
+                    left -= 1
+                    moved = True
+            if not moved:
                 raise ScheduleError(f"{schedule}: the order deadlocks")   # pragma: no cover
-            t, s = best
-            run(s, orders[s][pos[s]], t)
-            pos[s] += 1
     else:
-        todo = [{("F", i, 0) for i in range(m)} | {("B", i, 0) for i in range(m)}
-                | {("W", i, 0) for i in range(m)} for _ in range(p)]
+        # each kind runs in microbatch order on a stage (its inputs arrive in that order),
+        # so the candidates are each kind's next microbatch
+        nxt = [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
         rank = {"B": 0, "F": 1, "W": 2}
-        while any(todo):
+
+        def decide(s):
+            """Stage ``s``'s next operation and its start (None: nothing is ready)."""
+            cands = []
+            for kind, i in nxt[s].items():
+                if i >= m or (kind == "F" and waiting[s] >= p - s):
+                    continue                          # 1F1B's in-flight limit
+                r = ready(kind, i, s, 0)
+                if r is not None:
+                    cands.append((r, (kind, i, 0)))
+            if not cands:
+                return None
+            t = max(free[s], min(r for r, _ in cands))
+            return t, min((op for r, op in cands if r <= t),
+                          key=lambda o: (rank[o[0]], o[1]))
+
+        # a stage's choice changes only when it runs something or a neighbour readies its input
+        choice = [decide(s) for s in range(p)]
+        left = 3 * m * p
+        while left:
             best = None
             for s in range(p):
-                cands = []
-                for op in todo[s]:
-                    if op[0] == "F" and waiting[s] >= p - s:
-                        continue                      # 1F1B's in-flight limit
-                    r = ready(op[0], op[1], s, 0)
-                    if r is not None:
-                        cands.append((r, op))
-                if not cands:
-                    continue
-                t = max(free[s], min(r for r, _ in cands))
-                op = min((op for r, op in cands if r <= t), key=lambda o: (rank[o[0]], o[1]))
-                if best is None or t < best[0]:
-                    best = (t, s, op)
+                c = choice[s]
+                if c is not None and (best is None or c[0] < best[0]):
+                    best = (c[0], s, c[1])
             if best is None:
                 raise ScheduleError("zb: the schedule deadlocks")        # pragma: no cover
             t, s, op = best
-            todo[s].discard(op)
+            nxt[s][op[0]] += 1
+            left -= 1
             run(s, op, t)
+            choice[s] = decide(s)
+            # a forward readies the next stage's, an input gradient the previous stage's
+            n = s + 1 if op[0] == "F" else s - 1 if op[0] == "B" else -1
+            if 0 <= n < p:
+                choice[n] = decide(n)
     return Result(schedule, p, m, max(free), busy, peak, log)
 
 

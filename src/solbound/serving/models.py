@@ -33,6 +33,29 @@ def _config_path(spec: str) -> str | None:
     return None
 
 
+def load_config(spec: str):
+    """The transformers config ``spec`` names (a directory, a ``.json`` file or a bundled
+    name) and its JSON; every failure is one :class:`StepError` line."""
+    path = _config_path(spec)
+    if path is None:
+        raise StepError(f"{spec}: not a model directory, a config .json or a bundled config "
+                        f"({', '.join(bundled())})")
+    try:
+        data = json.load(open(path, encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise StepError(f"{path}: not a readable JSON config ({e})") from None
+    data = {k: v for k, v in data.items() if not k.startswith("_")}
+    from transformers import AutoConfig
+    kind = data.pop("model_type", None)
+    if not kind:
+        raise StepError(f"{path}: no model_type")
+    try:
+        cfg = AutoConfig.for_model(kind, **data)
+    except ValueError as e:
+        raise StepError(f"{path}: {e}") from None
+    return cfg, data
+
+
 def load_model(spec: str, dtype: str | None = None):
     """The causal LM ``spec`` names (see the module's docstring), eval mode; a config is
     built on the meta device in its ``torch_dtype`` (``dtype`` overrides; bfloat16 when the
@@ -52,19 +75,8 @@ def load_model(spec: str, dtype: str | None = None):
     if path is None:
         raise StepError(f"{spec}: not a model directory, a config .json, a bundled config "
                         f"({', '.join(bundled())}) or pkg.module:factory")
-    try:
-        data = json.load(open(path, encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise StepError(f"{path}: not a readable JSON config ({e})") from None
-    data = {k: v for k, v in data.items() if not k.startswith("_")}
-    from transformers import AutoConfig, AutoModelForCausalLM
-    kind = data.pop("model_type", None)
-    if not kind:
-        raise StepError(f"{path}: no model_type")
-    try:
-        cfg = AutoConfig.for_model(kind, **data)
-    except ValueError as e:
-        raise StepError(f"{path}: {e}") from None
+    cfg, data = load_config(path)
+    from transformers import AutoModelForCausalLM
     name = dtype or data.get("torch_dtype") or data.get("dtype") or "bfloat16"
     if not isinstance(getattr(torch, str(name), None), torch.dtype):
         raise StepError(f"{path}: unknown dtype {name!r}")

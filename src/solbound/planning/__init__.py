@@ -1,0 +1,1 @@
+"""Training plans at cluster scale: profiles of a traced step, memory per rank, search."""

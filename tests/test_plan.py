@@ -1,0 +1,174 @@
+"""Training plans at cluster scale (``solbound plan``): profiles of a traced step per TP
+degree, memory per rank, the search. A small Llama with closed forms."""
+
+import dataclasses
+import json
+
+import pytest
+
+from solbound.cli import main
+from solbound.hardware.catalog import load_spec
+from solbound.planning.memory import rank_memory
+from solbound.planning.search import Plan, PlanError, Search, evaluate, plans, run, stage_times
+
+pytestmark = pytest.mark.xdist_group("plan")        # the profiles are traced once
+
+V, D, F, L, H, KV, HD, S = 256, 64, 128, 4, 4, 2, 16, 32
+
+
+def _config():
+    from transformers import LlamaConfig
+    return LlamaConfig(vocab_size=V, hidden_size=D, intermediate_size=F, num_hidden_layers=L,
+                       num_attention_heads=H, num_key_value_heads=KV, head_dim=HD,
+                       max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """The TP-1 step's report (traced here) and the profiles of TP 1 and 2 (TP 2 through
+    ``planning.trace.profile``, into a cache of the test's own)."""
+    import os
+
+    import torch
+
+    from solbound.api import analyze
+    from solbound.planning.profile import profile_of
+    from solbound.planning.trace import _loss_model, profile
+    os.environ["SOLBOUND_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    rep = analyze(_loss_model(_config(), "bfloat16"),
+                  (torch.zeros(1, S, dtype=torch.long, device="meta"),), arch="h100-sxm",
+                  train=True, modes=("fused",))
+    return rep, {(1, 1): profile_of(rep, 1, 1, S), (2, 1): profile(_config(), 2, 1, S)}
+
+
+@pytest.fixture(scope="module")
+def profiles(traced):
+    return traced[1]
+
+
+def _layer_params(tp):
+    """A layer's parameters on a rank: q, o (H/tp heads), k, v (KV/tp heads), the MLP's
+    three (F/tp wide), two norms (replicated)."""
+    return 2 * D * H // tp * HD + 2 * D * KV // tp * HD + 3 * D * F // tp + 2 * D
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_state_per_layer_and_outside_closed_form(profiles, tp):
+    """bf16 parameters and gradients; AdamW's two moments in bf16 and a float32 step
+    counter per parameter tensor (stacked over the layers: 4 B a layer each)."""
+    p = profiles[(tp, 1)]
+    assert p.layers == L
+    layer, vocab = 2 * _layer_params(tp), 2 * V // tp * D
+    assert p.state[("parameters", "loop")] == layer
+    assert p.state[("gradients", "loop")] == layer
+    assert p.state[("optimizer_state", "loop")] == 2 * layer + 9 * 4
+    assert p.state[("parameters", "first")] == vocab                   # the embedding
+    assert p.state[("parameters", "last")] == 2 * D + vocab           # norm, head
+    assert p.state[("optimizer_state", "first")] == 2 * vocab + 4
+    assert p.state[("optimizer_state", "last")] == 2 * (2 * D + vocab) + 2 * 4
+    assert p.hidden_bytes == S * D * 2
+
+
+def test_one_rank_plan_is_the_traced_step(traced):
+    """TP 1, PP 1, DP 1, no ZeRO: the rank holds the step's parameters, gradients,
+    optimizer state and saved activations (but attention's scores), and runs its MACs; every product of the step,
+    attention's included, runs on the bf16 tensor cores (the CPU decomposition's fp32
+    upcasts are not the GPU's)."""
+    rep, profiles = traced
+    p = profiles[(1, 1)]
+    assert all(kc.dtype == "bf16" for kc in rep.counts.kernels if kc.matrix_class)
+    mem = rep.training["memory"]
+    m = rank_memory(p, L, True, True, 1, 0, 1, 1, "none")
+    assert m["parameters"] == mem["parameters"] and m["gradients"] == mem["gradients"]
+    assert m["optimizer_state"] == mem["optimizer_state"]
+    # attention's probabilities (H x S x S in fp32 a layer), which the CPU decomposition
+    # saves and a fused attention kernel recomputes, are left out
+    assert p.saved_scores == {"loop": H * S * S * 4}
+    assert m["activations"] == mem["saved_for_backward"] - L * H * S * S * 4
+    assert p.model_macs == rep.counts.macs
+    spec = load_spec("h100-sxm")
+    r = evaluate(Plan(1, 1, 1, 1, 1), p, spec, model_flops=p.tensor_flops)
+    assert 0 < r["mfu"] <= 1 and p.tensor_flops == 2 * rep.counts.macs - 2 * sum(
+        kc.macs for kc in rep.counts.kernels if not kc.matrix_class)
+    assert sum(s["macs"] for s in r["stages"]) == rep.counts.macs
+
+
+def test_stages_sum_to_the_step_and_zero_shards(profiles):
+    """Pipeline stages' MACs add up to the step's; ZeRO 1, 2 and 3 divide the optimizer
+    state, the gradients, the parameters by the data-parallel degree; 1F1B's first stage
+    holds p microbatches' activations."""
+    p, spec = profiles[(1, 1)], load_spec("h100-sxm")
+    r = evaluate(Plan(1, 2, 1, 1, 4), p, spec)
+    assert sum(s["macs"] for s in r["stages"]) == p.model_macs
+    assert [s["peak_microbatches"] for s in r["stages"]] == [2, 1]
+    first = r["stages"][0]["memory"]
+    assert first["activations"] == 2 * p.saved_at(2, True, False)
+    for zero, shard in ((1, {"optimizer_state"}), (2, {"optimizer_state", "gradients"}),
+                        (3, {"optimizer_state", "gradients", "parameters"})):
+        m = rank_memory(p, 2, True, False, 4, zero, 2, 1, "none")
+        for what in ("parameters", "gradients", "optimizer_state"):
+            full = p.state_at(what, 2, True, False)
+            assert m[what] == (full / 4 if what in shard else full)
+    full = rank_memory(p, 2, True, False, 1, 0, 2, 1, "full")["activations"]
+    assert full == 2 * (2 * p.hidden_bytes + p.saved["first"]) + p.saved["loop"]
+
+
+def test_tensor_parallel_all_reduces_closed_form(profiles):
+    """Over a slow link the all-reduces bound each stage: two a layer in the forward plus
+    the embedding's, two a layer in the backward plus the head's input gradient, each of
+    a microbatch's hidden states; over two ranks an all-reduce moves 2 (n - 1) / n = 1 x
+    its bytes (no reduction in the switch)."""
+    spec = load_spec("h100-sxm")
+    slow = dataclasses.replace(spec, links={**spec.links, "scale_up": 1e3,
+                                            "in_network_reduction": False})
+    p = profiles[(2, 1)]
+    (st,) = stage_times(p, 1, "none", slow)
+    assert st["t"]["F"] == pytest.approx((2 * L + 1) * p.hidden_bytes / 1e3)
+    assert st["t"]["B"] == pytest.approx((2 * L + 1) * p.hidden_bytes / 1e3)
+    rc = stage_times(p, 1, "full", slow)[0]
+    assert rc["t"]["B"] == pytest.approx((4 * L + 1) * p.hidden_bytes / 1e3)
+
+
+def test_search_finds_the_fitting_plans_and_their_pareto(profiles):
+    spec = load_spec("h100-sxm")
+    search = Search(chips=4, global_batch=8)
+    cands = plans(profiles, search)
+    assert {(c.tp, c.pp, c.dp) for c in cands} == {(1, 1, 4), (1, 2, 2), (1, 4, 1),
+                                                   (2, 1, 2), (2, 2, 1)}
+    assert all(c.chips == 4 and c.dp * c.microbatch * c.microbatches == 8 for c in cands)
+    doc = run(profiles, spec, search)
+    assert doc["searched"] == len(cands) and doc["fitting"] == len(cands)
+    secs = [r["seconds"] for r in doc["plans"]]
+    assert secs == sorted(secs) and 0 < doc["plans"][0]["mfu"] <= 1
+    for a in doc["pareto"]:
+        assert not any(b["seconds"] < a["seconds"] and b["memory_bytes"] < a["memory_bytes"]
+                       for b in doc["plans"])
+    tiny = dataclasses.replace(spec, entries={**spec.entries,
+                                              "dram.capacity": {"value": 1e5}})
+    with pytest.raises(PlanError, match=r"no plan of 4 x h100-sxm fits: .* GiB over"):
+        run(profiles, tiny, search)
+
+
+def test_cli_plan(tmp_path, capsys, profiles):
+    _config().save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "plan.json"
+    base = ["plan", str(tmp_path / "tiny"), "--chips", "4", "--arch", "h100-sxm",
+            "--global-batch", "8", "--seq", str(S), "--tp", "1,2"]
+    assert main(base + ["--train", "--json", str(out), "--top", "3"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "solbound.plan/1" and len(doc["plans"]) == 3
+    r = doc["plans"][0]
+    assert {"tp", "pp", "dp", "microbatch", "microbatches", "schedule", "zero",
+            "recompute"} <= set(r["plan"])
+    assert r["seconds"] > 0 and r["memory_bytes"] > 0 and r["stages"][0]["peak_memory_bytes"]
+    text = capsys.readouterr().out
+    assert "plans searched" in text and "Pareto" in text
+    assert main(base) == 2
+    assert "add --train" in capsys.readouterr().err
+    assert main(base[:-1] + ["3", "--train"]) == 2
+    assert "--tp 3 does not divide 4 chips" in capsys.readouterr().err
+    assert main(base + ["--train", "--pp", "8"]) == 2
+    assert "--pp 8 does not divide 4 chips" in capsys.readouterr().err
+    assert main(base[:2] + ["--chips", "16", "--arch", "h100-sxm", "--global-batch", "8",
+                            "--seq", str(S), "--tp", "1", "--pp", "16", "--train"]) == 2
+    assert "more stages than the model's 4 layers" in capsys.readouterr().err
