@@ -122,6 +122,16 @@ def test_training_step_pipelined(tmp_path, capsys):
     r = simulate("1f1b", stages, 8, p2p=T * D * 4 / link)
     assert pl["makespan_seconds"] == pytest.approx(r.makespan)
     assert pl["seconds"] == pytest.approx(r.makespan + pl["optimizer_seconds"])
+    # each stage holds its layers' state and 1F1B's peak of microbatches' activations;
+    # the stages' state adds up to the step's (no tied embeddings)
+    mem = rep.training["memory"]
+    for what, key in (("parameters", "parameters"), ("gradients", "gradients"),
+                      ("optimizer_state", "optimizer_state")):
+        assert sum(s["memory"][what] for s in pl["stages"]) == mem[key]
+    assert [s["peak_microbatches"] for s in pl["stages"]] == [2, 1]
+    acts = [s["memory"]["activations"] for s in pl["stages"]]
+    assert acts[0] / 2 + acts[1] == mem["saved_for_backward"]
+    assert all(s["peak_memory_bytes"] == s["memory"]["total"] for s in pl["stages"])
     capsys.readouterr()
     assert main(["analyze", str(path), "--pp", "2", "-q"]) == 2
     assert "add --train" in capsys.readouterr().err

@@ -252,36 +252,31 @@ def cmd_analyze(a) -> int:
 
 
 def _pipeline(rep, a) -> list[dict]:
-    """``--pp``: the traced (one-microbatch) training step split into stages, on each chip."""
-    from .schedules.stages import parts, plan
-    info = rep.lowered.training            # --train: checked before the analysis
+    """``--pp``: the traced (one-microbatch) training step split into stages, on each chip,
+    with each stage's peak memory under the schedule (``planning.memory``: no data
+    parallelism, no recompute)."""
+    from .planning.memory import rank_memory
+    from .planning.profile import profile_of
+    from .schedules.stages import plan, split_layers
     split = None
     if a.stage_split:
         try:
             split = [int(x) for x in a.stage_split.split(",")]
         except ValueError:
             raise ValueError(f"--stage-split {a.stage_split!r}: layers per stage like 8,8,8,8")
-    phase_of = {op: g.get("phase", "forward") for op, g in (rep.lowered.groups or {}).items()}
-    pieces = parts(rep.program, rep.counts, phase_of, info.get("gradients", {}), rep.policy)
+    prof = profile_of(rep)
     m = a.microbatches or 2 * a.pp
     chunks = a.chunks or (2 if a.schedule == "interleaved" else 1)
-    return [plan(pieces, spec, a.pp, m, a.schedule, chunks, split, _hidden_bytes(rep))
-            for spec in rep.specs]
-
-
-def _hidden_bytes(rep) -> float:
-    """Bytes a stage sends per microbatch: the most a kernel after the first layer loop
-    reads of what the loop wrote (the hidden states leaving the layers, read by the final
-    norm: the elements read, one layer's slice of a stacked tensor)."""
-    from .ir.model import kernel_reads
-    ks = rep.program.kernels
-    first = next((k.loop[0] for k in ks if k.loop is not None), None)
-    out = {o for k in ks if k.loop is not None and k.loop[0] == first for o in k.outputs}
-    tm = rep.program.tensor_map
-    sizes = [sum(fp.elements for _, fp in kc.reads[t]) * tm[t].itemsize
-             for k, kc in zip(ks, rep.counts.kernels) if k.loop is None
-             for t in {a.tensor for a in kernel_reads(k)} if t in out and t in kc.reads]
-    return float(max(sizes, default=0))
+    out = []
+    for spec in rep.specs:
+        doc = plan(prof.pieces, spec, a.pp, m, a.schedule, chunks, split, prof.hidden_bytes)
+        layers = split_layers(prof.layers, a.pp, split)
+        for s, (row, n) in enumerate(zip(doc["stages"], layers)):
+            mem = rank_memory(prof, n, s == 0, s == a.pp - 1, 1, 0, row["peak_microbatches"],
+                              chunks, "none")
+            row["peak_memory_bytes"], row["memory"] = mem["total"], mem
+        out.append(doc)
+    return out
 
 
 def _prices(text: str, archs: list[str]) -> dict[str, float]:
