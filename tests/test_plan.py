@@ -154,8 +154,10 @@ def test_cli_plan(tmp_path, capsys, profiles):
     out = tmp_path / "plan.json"
     base = ["plan", str(tmp_path / "tiny"), "--chips", "4", "--arch", "h100-sxm",
             "--global-batch", "8", "--seq", str(S), "--tp", "1,2"]
-    assert main(base + ["--train", "--json", str(out), "--top", "3"]) == 0
+    assert main(base + ["--train", "--json", str(out), "--top", "3", "--chakra",
+                        str(tmp_path / "et" / "best")]) == 0
     doc = json.loads(out.read_text())
+    assert doc["chakra"]["files"] == 4 and (tmp_path / "et" / "best.3.et").exists()
     assert doc["schema"] == "solbound.plan/1" and len(doc["plans"]) == 3
     r = doc["plans"][0]
     assert {"tp", "pp", "dp", "microbatch", "microbatches", "schedule", "zero",
@@ -172,3 +174,40 @@ def test_cli_plan(tmp_path, capsys, profiles):
     assert main(base[:2] + ["--chips", "16", "--arch", "h100-sxm", "--global-batch", "8",
                             "--seq", str(S), "--tp", "1", "--pp", "16", "--train"]) == 2
     assert "more stages than the model's 4 layers" in capsys.readouterr().err
+
+
+def test_chakra_traces_of_a_plan(profiles, tmp_path):
+    """One Chakra execution trace a rank: the stage's forwards, input and weight gradients
+    in the schedule's order with their FLOPs, the activations sent and received between
+    stages, the data-parallel gradient all-reduce; Chakra's field numbers on the wire."""
+    from solbound.planning.chakra import (ALL_REDUCE, COMM_COLL_NODE, COMM_RECV_NODE,
+                                          COMM_SEND_NODE, COMP_NODE, attrs, export,
+                                          messages, read)
+    _, Node, _ = messages()
+    assert Node(id=3, type=COMP_NODE).SerializeToString() == b"\x08\x03\x18\x04"
+    p, spec = profiles[(1, 1)], load_spec("h100-sxm")
+    plan = Plan(1, 2, 2, 1, 4)
+    paths = export(plan, p, spec, str(tmp_path / "et" / "step"))
+    assert [x.rsplit("/", 1)[1] for x in paths] == [f"step.{r}.et" for r in range(4)]
+    rows = stage_times(p, 2, "none", spec)
+    for rank, path in enumerate(paths):
+        meta, nodes = read(path)
+        assert meta.version == "1.0.2-chakra.1.0.0"
+        s = rank // 2
+        comp = [n for n in nodes if n.type == COMP_NODE and n.name != "optimizer"]
+        assert len(comp) == 3 * 4                       # F, B, W of 4 microbatches
+        from solbound.planning.search import _stage_parts
+        parts = _stage_parts(p, 2, s == 0, s == 1, "none")
+        assert sum(attrs(n)["num_ops"] for n in comp) == sum(
+            4 * int(parts[k].flops) for k in "FBW")
+        sends = [attrs(n) for n in nodes if n.type == COMM_SEND_NODE]
+        recvs = [attrs(n) for n in nodes if n.type == COMM_RECV_NODE]
+        assert len(sends) == len(recvs) == 4
+        peer = rank + 2 if s == 0 else rank - 2
+        assert {a["comm_dst"] for a in sends} == {peer} == {a["comm_src"] for a in recvs}
+        assert all(a["comm_size"] == p.hidden_bytes for a in sends + recvs)
+        (dp,) = [attrs(n) for n in nodes if n.type == COMM_COLL_NODE]
+        assert dp["comm_type"] == ALL_REDUCE
+        assert dp["comm_size"] == p.state_at("gradients", 2, s == 0, s == 1)
+        assert all(n.data_deps[0] < n.id for n in nodes if n.data_deps)
+    assert rows[0]["layers"] == 2

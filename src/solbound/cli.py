@@ -973,6 +973,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dtype", default="bfloat16",
                     help="the parameters' dtype (default bfloat16; AdamW's state follows it)")
     pl.add_argument("--top", type=_positive_int, default=10, help="plans shown (default 10)")
+    pl.add_argument("--chakra", metavar="PREFIX", default=None,
+                    help="write the fastest plan's step as MLCommons Chakra execution traces, "
+                         "PREFIX.RANK.et for every rank (for ASTRA-sim)")
     pl.add_argument("--jobs", type=_positive_int, default=None,
                     help="processes tracing the profiles (default: the CPUs)")
     pl.add_argument("--json", metavar="PATH", help="write the JSON (- for stdout)")
@@ -1162,6 +1165,16 @@ def cmd_plan(a) -> int:
     doc = {"schema": "solbound.plan/1", "model": a.model, "seq": a.seq, "dtype": a.dtype,
            **doc, "profile_seconds": traced}
     doc["plans"] = doc["plans"][:a.top]
+    if a.chakra:
+        from .planning.chakra import export
+        from .planning.search import Plan
+        best = Plan(**doc["plans"][0]["plan"])
+        paths = export(best, profiles[(best.tp, best.microbatch)], spec, a.chakra, search)
+        doc["chakra"] = {"plan": best.label(), "files": len(paths),
+                         "pattern": f"{a.chakra}.RANK.et"}
+        if not a.quiet:
+            print(f"wrote {len(paths)} Chakra traces of {best.label()}: {a.chakra}.RANK.et",
+                  file=sys.stderr)
     if a.json:
         _write(a.json, dumps(doc, indent=2) + "\n")
     if a.json == "-":
