@@ -127,13 +127,9 @@ def attrs(node) -> dict:
 
 def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
     """Write ``PREFIX.RANK.et`` for every rank of ``plan``; the paths."""
-    from ..schedules.pipeline import Stage, simulate
-    from .search import _stage_parts, evaluate, stage_times
+    from .search import _stage_parts, replay
     Meta, Node, Attr = messages()
-    doc = evaluate(plan, profile, spec, search)
-    rows = stage_times(profile, plan.pp, plan.recompute, spec)
-    sim = simulate(plan.schedule, [Stage(r["t"]["F"], r["t"]["B"], r["t"]["W"]) for r in rows],
-                   plan.microbatches, doc["p2p_seconds"], plan.chunks)
+    rows, sim, _ = replay(plan, profile, spec, search)
     tp, dp, pp = plan.tp, plan.dp, plan.pp
     hb = int(profile.hidden_bytes)
     paths = []

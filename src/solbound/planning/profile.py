@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..analysis.training import saved_for_backward
+from ..analysis.training import _nbytes, saved_for_backward
 from ..ir.model import kernel_reads
 from ..schedules.stages import Part, parts
 
@@ -61,13 +61,6 @@ class Profile:
         b += self.saved.get("first", 0.0) if first else 0.0
         b += self.saved.get("last", 0.0) if last else 0.0
         return b
-
-
-def _nbytes(t) -> int:
-    n = 1
-    for d in t.shape:
-        n *= int(d)
-    return n * t.itemsize
 
 
 def hidden_bytes(program, counts) -> float:

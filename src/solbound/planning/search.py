@@ -33,10 +33,12 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..bounds.comm import hops
+from ..analysis.counts import Collective
+from ..bounds.comm import comm_time
 from ..bounds.roofline import work_bound
 from ..schedules.pipeline import SCHEDULES, ScheduleError, Stage, simulate
-from ..schedules.stages import Part, split_layers
+from ..schedules.stages import Part, split_layers, stage_parts
+from ..serving.capacity import dram_capacity
 from .memory import RECOMPUTE, ZERO, rank_memory
 
 
@@ -72,34 +74,22 @@ class Plan:
                 f"x{self.microbatches} {sch} zero{self.zero}{rc}")
 
 
-@dataclass(frozen=True)
-class Comm:
-    """A collective as ``bounds.comm`` reads it."""
-    kind: str
-    members: tuple
-    bytes: int
-    calls: int = 1
-    perm: tuple = ()
-
-    @property
-    def ranks(self) -> int:
-        return len(self.members)
+def Comm(kind: str, members: tuple, nbytes: int, calls: int = 1, perm: tuple = ()
+         ) -> Collective:
+    """A collective of the plan (no kernel of a program: the rank's program is composed)."""
+    return Collective(kind, int(nbytes), len(members), calls, "", "", kind, "",
+                      group=tuple(members), perm=perm)
 
 
-def _seconds(part: Part, comms: list[Comm], spec) -> float:
+def _seconds(part: Part, comms: list[Collective], spec) -> float:
     return work_bound(part.work, part.special, int(part.bytes), int(part.flops), spec,
                       "fused", collectives=[c for c in comms if c.calls]).seconds
 
 
 def _stage_parts(profile, layers: int, first: bool, last: bool, recompute: str) -> dict:
-    acc = {k: Part() for k in "FBWO"}
-    for (kind, where), p in profile.pieces.items():
-        if kind not in acc:
-            continue
-        if where == "loop":
-            acc[kind].add(p, layers)
-        elif (where == "first" and first) or (where == "last" and last):
-            acc[kind].add(p)
+    """The stage's parts (``schedules.stages.stage_parts``), full recompute adding each
+    layer's forward to its backward."""
+    acc = stage_parts(profile.pieces, layers, first, last)
     if recompute == "full":
         fwd = profile.pieces.get(("F", "loop"))
         if fwd is not None:
@@ -137,12 +127,10 @@ def _grad_sync(profile, plan: Plan, layers: int, first: bool, last: bool, spec) 
     group = tuple(range(0, plan.tp * plan.dp, plan.tp))
     g = profile.state_at("gradients", layers, first, last)
     w = profile.state_at("parameters", layers, first, last)
-    comms = [Comm("all_reduce" if plan.zero < 2 else "reduce_scatter", group, int(g))]
+    comms = [Comm("all_reduce" if plan.zero < 2 else "reduce_scatter", group, g)]
     if plan.zero >= 3:
-        comms.append(Comm("all_gather", group, int(w), 2))
-    return sum(c.calls * max(f * b / bw for _, f, b, bw in hops(spec, c.kind, c.members,
-                                                                c.bytes))
-               for c in comms)
+        comms.append(Comm("all_gather", group, w, 2))
+    return comm_time(comms, spec).seconds
 
 
 @dataclass
@@ -157,13 +145,9 @@ class Search:
     memo: dict = field(default_factory=dict, repr=False)
 
 
-def evaluate(plan: Plan, profile, spec, search: Search | None = None,
-             model_flops: float | None = None) -> dict:
-    """The bound, memory and MFU of ``plan`` on ``spec`` from ``profile`` (the one traced
-    at the plan's TP degree and microbatch size)."""
-    if (profile.tp, profile.microbatch) != (plan.tp, plan.microbatch):
-        raise PlanError(f"{plan.label()}: the profile is of tp{profile.tp} "
-                        f"mbs{profile.microbatch}")
+def replay(plan: Plan, profile, spec, search: "Search | None" = None) -> tuple:
+    """``(stage rows, schedules.pipeline.Result, p2p seconds)`` of ``plan`` (memoized in
+    ``search``)."""
     memo = search.memo if search is not None else {}
     key = ("times", id(profile), plan.pp, plan.recompute, spec.id)
     rows = memo.get(key)
@@ -172,15 +156,25 @@ def evaluate(plan: Plan, profile, spec, search: Search | None = None,
     p2p = 0.0
     if plan.pp > 1:
         nxt = plan.tp * plan.dp                       # the next stage's rank 0
-        (_, f, b, bw), = hops(spec, "permute", (0, nxt), int(profile.hidden_bytes),
-                              ((0, 1),))
-        p2p = f * b / bw
+        p2p = comm_time([Comm("permute", (0, nxt), profile.hidden_bytes, 1, ((0, 1),))],
+                        spec).seconds
     times = tuple(Stage(r["t"]["F"], r["t"]["B"], r["t"]["W"]) for r in rows)
     skey = ("sim", plan.schedule, times, plan.microbatches, p2p, plan.chunks)
     sim = memo.get(skey)
     if sim is None:
         sim = memo[skey] = simulate(plan.schedule, list(times), plan.microbatches, p2p,
                                     plan.chunks)
+    return rows, sim, p2p
+
+
+def evaluate(plan: Plan, profile, spec, search: Search | None = None,
+             model_flops: float | None = None) -> dict:
+    """The bound, memory and MFU of ``plan`` on ``spec`` from ``profile`` (the one traced
+    at the plan's TP degree and microbatch size)."""
+    if (profile.tp, profile.microbatch) != (plan.tp, plan.microbatch):
+        raise PlanError(f"{plan.label()}: the profile is of tp{profile.tp} "
+                        f"mbs{profile.microbatch}")
+    rows, sim, p2p = replay(plan, profile, spec, search)
     sync = max(_grad_sync(profile, plan, r["layers"], r["first"], r["last"], spec)
                for r in rows)
     opt = max(r["t"]["O"] / (plan.dp if plan.zero >= 1 else 1) for r in rows)
@@ -188,7 +182,6 @@ def evaluate(plan: Plan, profile, spec, search: Search | None = None,
     mems = [rank_memory(profile, r["layers"], r["first"], r["last"], plan.dp, plan.zero,
                         peak, plan.chunks, plan.recompute)
             for r, peak in zip(rows, sim.peak_inflight)]
-    from ..serving.capacity import dram_capacity
     cap = dram_capacity(spec)
     worst = max(m["total"] for m in mems)
     peak_rate = spec.peaks.get("tensor_bf16") or max(spec.peaks.values())

@@ -138,6 +138,21 @@ def split_layers(layers: int, stages: int, split: list[int] | None = None) -> li
     return [q + (1 if s < r else 0) for s in range(stages)]
 
 
+def stage_parts(pieces: dict[tuple, Part], layers: int, first: bool, last: bool
+                ) -> dict[str, Part]:
+    """F, B, W and O of a stage of ``layers`` layers (the first and last stage with the
+    layers' outside)."""
+    acc = {k: Part() for k in "FBWO"}
+    for (kind, where), p in pieces.items():
+        if kind not in acc:
+            continue
+        if where == "loop":
+            acc[kind].add(p, layers)
+        elif (where == "first" and first) or (where == "last" and last):
+            acc[kind].add(p)
+    return acc
+
+
 def plan(pieces: dict[tuple, Part], spec, stages: int, microbatches: int,
          schedule: str = "1f1b", chunks: int = 1, split: list[int] | None = None,
          p2p_bytes: float = 0.0) -> dict:
@@ -150,14 +165,7 @@ def plan(pieces: dict[tuple, Part], spec, stages: int, microbatches: int,
     layers = split_layers(trip, stages, split)
     rows, times = [], []
     for s, n in enumerate(layers):
-        acc = {k: Part() for k in "FBWO"}
-        for (kind, where), p in pieces.items():
-            if kind not in acc:
-                continue
-            if where == "loop":
-                acc[kind].add(p, n)
-            elif (where == "first" and s == 0) or (where == "last" and s == stages - 1):
-                acc[kind].add(p)
+        acc = stage_parts(pieces, n, s == 0, s == stages - 1)
         t = {k: acc[k].seconds(spec) for k in "FBWO"}
         times.append(Stage(t["F"], t["B"], t["W"]))
         rows.append({"stage": s, "layers": n,
