@@ -38,3 +38,11 @@ def _jax_reports_serialize(monkeypatch):
         assert_report_serializes(rep)
         return rep
     monkeypatch.setattr(api, "analyze_function", checked)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests pinned to one worker (``xdist_group``: built once, traced once) first, so
+    that ``--dist loadgroup`` starts its longest units while the other worker takes the
+    rest, and the run ends on short tests on both workers (in collection order, these
+    groups came last and ran alone). Stable: each group keeps its tests' order."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)

@@ -168,26 +168,23 @@ def test_a_prefix_lm_mask_mod_is_exact():
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_transformers_flex_attention_implementation(family):
-    """``attn_implementation="flex_attention"``: the same work as the model's SDPA (Llama)
-    or eager (Gemma 2, whose layers alternate a 32-token window and full causal
-    attention) implementation, and validated."""
+    """``attn_implementation="flex_attention"``: the work the model's SDPA (Llama) or eager
+    (Gemma 2, whose layers alternate a 32-token window and full causal attention)
+    implementation counts (the closed form below, which those implementations' own tests
+    assert), and validated."""
     from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM
     common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     if family == "llama":
-        cfg, cls, other = LlamaConfig(**common), LlamaForCausalLM, "sdpa"
+        cfg, cls = LlamaConfig(**common), LlamaForCausalLM
     else:
-        cfg, cls, other = Gemma2Config(**common, head_dim=16, sliding_window=32), \
-            Gemma2ForCausalLM, "eager"
+        cfg, cls = Gemma2Config(**common, head_dim=16, sliding_window=32), Gemma2ForCausalLM
     ids = torch.randint(0, 128, (1, 128), generator=torch.Generator().manual_seed(0))
     cfg._attn_implementation = "flex_attention"
     torch.manual_seed(0)
     rep = solbound.analyze(cls(cfg).eval(), (ids,), arch="h100-sxm", validate=True)
     assert rep.validation["status"] == "passed", rep.validation
     assert not rep.to_dict()["unsupported"]
-    cfg._attn_implementation = other
-    ref = solbound.analyze(cls(cfg).eval(), (ids,), arch="h100-sxm")
-    assert rep.totals["macs"] == ref.totals["macs"]
     attn = {"llama": 2 * 2 * 4 * 16 * _pairs_causal(128),
             "gemma2": 2 * 4 * 16 * (_pairs_causal(128) + sum(min(r + 1, 32) for r in range(128)))}
     linear = 2 * 128 * (64 * (64 + 2 * 32 + 64) + 3 * 64 * 128) + 128 * 64 * 128

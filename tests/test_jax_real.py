@@ -219,6 +219,7 @@ def test_keras_hub_mistral_sliding_window_counts_the_band(window, pairs, macs):
     assert rep.counts.macs == want == macs
 
 
+@pytest.mark.slow          # the int32 padding mask is the Llama test's, above
 def test_keras_hub_gemma_with_its_int32_padding_mask_is_causal():
     keras_hub = _keras_hub()
     T = 16

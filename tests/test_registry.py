@@ -15,7 +15,8 @@ SAMPLE = ["bitnet", "biogpt", "bloom", "cohere", "ctrl", "falcon_mamba", "gemma2
           "glm4_moe", "gpt_bigcode", "gpt_neox", "gpt_oss", "granitemoe", "helium", "internlm3",
           "jamba", "qwen3_next",
           # registered for a composite model type: built from the class's own (text) config
-          "qwen3_5", "llama4"]
+          # (Qwen3.5's layers are Qwen3-Next's gated delta net: 13 s, under the slow marker)
+          pytest.param("qwen3_5", marks=pytest.mark.slow), "llama4"]
 
 
 def test_the_shrinker_is_one_rule_over_field_names():

@@ -262,6 +262,7 @@ class _Loss(torch.nn.Module):
         return self.m(input_ids=ids, labels=ids).loss
 
 
+@pytest.mark.slow          # 30 s; fast: test_a_tower_step_rerolls_with_its_optimizer_aligned_to_whole_layers
 def test_a_training_step_rerolls_forward_backward_and_optimizer():
     """Three layers, two traced: the forward, the backward (walking the layers in reverse,
     reading the forward's saved activations and the weights at row L-1-l) and AdamW's
@@ -304,6 +305,7 @@ def _rerolled_as_unrolled(m, ids):
     return rep
 
 
+@pytest.mark.slow          # 13 s; fast: test_layers_that_alternate_reroll_with_a_period
 def test_gemma2_called_with_its_defaults_rerolls_its_alternating_layers():
     """Sliding and full attention alternate (period 2) and the default call returns the
     cache: each sliding layer's cache also holds its window as a tensor, written outside

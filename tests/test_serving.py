@@ -121,6 +121,7 @@ def test_a_step_validates_against_the_model(llama):
     assert rep.validation["status"] == "passed", rep.validation
 
 
+@pytest.mark.slow          # 20 s; fast: the window model's CLI step (test_cli_step_and_serve_json)
 @pytest.mark.xdist_group("serving_window")
 def test_window_regions_equal_direct_traces(mistral):
     """A sliding window of 16: a prompt across it, a decode past it (the cache keeps 15
@@ -308,6 +309,7 @@ def llama_tp2():
 
 
 @pytest.mark.xdist_group("serving_tp")
+@pytest.mark.slow          # 50 s; fast: the fleet at TP 1 and 3 (test_cli_fleet_report)
 def test_tensor_parallel_step_equals_rank_traces(llama_tp2):
     """At TP 2 (transformers' own plan, rank 0 under a fake process group) the step's counts
     and collectives from its regions equal a direct trace of rank 0's program. By hand: the
@@ -490,16 +492,35 @@ def test_cli_fleet_report(tmp_path, capsys):
 
 # --- FP8 linears and cache ----------------------------------------------------------------
 
-@pytest.mark.xdist_group("serving_fp8")
-def test_fp8_step_equals_direct_trace_and_halves_the_cache():
-    """FP8 linears (e4m3 weights with a scale per row, activations quantized per token,
-    ``_scaled_mm``) and an FP8 cache: the step's counts from its regions equal a direct
-    trace; the projections run on the FP8 tensor cores (the LM head and attention in BF16);
-    the weights and the cache rows are held at one byte (closed forms)."""
+def _fp8_step():
     with torch.device("meta"):
         m = _llama(layers=2).to("meta").to(torch.bfloat16)
-    sm = StepModel(m, weights="fp8", kv_dtype="fp8")
-    seqs = [Seq(5, 0), Seq(1, 7), Seq(4, 9)]
+    return StepModel(m, weights="fp8", kv_dtype="fp8")
+
+
+def test_fp8_weights_and_cache_are_held_at_one_byte():
+    """FP8 linears (e4m3 weights with a scale per row) and an FP8 cache: the weights and the
+    cache rows are held at one byte (closed forms); validating it is refused by name."""
+    sm = _fp8_step()
+    assert sm.layout[0].key_dtype == "float8_e4m3fn" and sm.layout[0].bytes_per_token() == \
+        2 * KV * HD
+    layer = D * H * HD * 2 + 2 * D * KV * HD + 3 * D * F
+    rows = H * HD + 2 * KV * HD + D + 2 * F + D          # q, k, v, o, gate, up, down
+    assert sm.weights_bytes() == 2 * (layer + 4 * rows + 2 * 2 * D) + 2 * D + 2 * 2 * V * D
+    with pytest.raises(StepError, match="CUDA only"):
+        sm.trace([Seq(1, 7)], validate=True)
+
+
+@pytest.mark.slow          # 50 s: two regions' probes and a direct trace of the FP8 step
+@pytest.mark.xdist_group("serving_fp8")
+def test_fp8_step_equals_direct_trace():
+    """FP8 linears (activations quantized per token, ``_scaled_mm``) and an FP8 cache: the
+    step's counts from its regions equal a direct trace; the projections run on the FP8
+    tensor cores (the LM head and attention in BF16)."""
+    sm = _fp8_step()
+    # a decode and an extend (two regions: the regions' exactness over every kind of
+    # sequence is the BF16 tests', here the FP8 kernels')
+    seqs = [Seq(1, 7), Seq(4, 9)]
     got = _same(sm, seqs)
     assert got.macs == _macs(seqs, layers=2)
     assert got.work["tensor_fp8"] > 0
@@ -509,10 +530,3 @@ def test_fp8_step_equals_direct_trace_and_halves_the_cache():
     attn = sum(2 * H * HD * (s.new * s.ctx + s.new * (s.new + 1) // 2 + s.ctx + s.new)
                for s in seqs)
     assert got.work["tensor_bf16"] == 2 * (lm + attn)
-    assert sm.layout[0].key_dtype == "float8_e4m3fn" and sm.layout[0].bytes_per_token() == \
-        2 * KV * HD
-    layer = D * H * HD * 2 + 2 * D * KV * HD + 3 * D * F
-    rows = H * HD + 2 * KV * HD + D + 2 * F + D          # q, k, v, o, gate, up, down
-    assert sm.weights_bytes() == 2 * (layer + 4 * rows + 2 * 2 * D) + 2 * D + 2 * 2 * V * D
-    with pytest.raises(StepError, match="CUDA only"):
-        sm.trace(seqs, validate=True)

@@ -235,6 +235,7 @@ def test_a_task_the_timer_cannot_interrupt_has_its_worker_stopped():
     assert got[1] == (1, "ok", "", "ok")
 
 
+@pytest.mark.slow          # 25 s; the engine's failures are the sweep test's, above
 @ray_group
 def test_kernelbench_on_the_engine_writes_the_serial_runs_csv(tmp_path, capsys):
     _tiny_kernelbench(tmp_path / "KernelBench")
