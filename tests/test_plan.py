@@ -136,6 +136,10 @@ def test_search_finds_the_fitting_plans_and_their_pareto(profiles):
     assert {(c.tp, c.pp, c.dp) for c in cands} == {(1, 1, 4), (1, 2, 2), (1, 4, 1),
                                                    (2, 1, 2), (2, 2, 1)}
     assert all(c.chips == 4 and c.dp * c.microbatch * c.microbatches == 8 for c in cands)
+    # --tp 2: the TP-1 profile gives the model's FLOPs (MFU), its plans are not searched
+    only = run(profiles, spec, Search(chips=4, global_batch=8, tp=(2,)))
+    assert {r["plan"]["tp"] for r in only["plans"]} == {2}
+    assert only["searched"] == sum(1 for c in cands if c.tp == 2)
     doc = run(profiles, spec, search)
     assert doc["searched"] == len(cands) and doc["fitting"] == len(cands)
     secs = [r["seconds"] for r in doc["plans"]]

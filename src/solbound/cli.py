@@ -1125,11 +1125,12 @@ def cmd_plan(a) -> int:
         return _err(f"--schedules {a.schedules!r}: among {', '.join(SCHEDULES)}")
     cfg, _ = load_config(a.model)
     tps, pps, mbss = _ints(a.tp, "--tp"), _ints(a.pp, "--pp"), _ints(a.mbs, "--mbs")
+    asked = None if tps is None else tuple(tps)
     if tps is None:
         domain = int(spec.links.get("scale_up_domain", 1)) if spec.links else 1
         tps = [t for t in (1, 2, 4, 8, 16, 32, 64) if t <= min(domain, a.chips)]
-    elif 1 not in tps:
-        tps = [1] + tps           # the model's FLOPs (MFU) are the TP-1 step's
+    if 1 not in tps:
+        tps = [1] + tps           # the model's FLOPs (MFU) are the TP-1 step's, not searched
     for t in list(tps):
         if a.chips % t:
             if a.tp is not None:
@@ -1157,7 +1158,8 @@ def cmd_plan(a) -> int:
     profiles = trace_profiles(cfg, [(t, b) for t in tps for b in mbss], a.seq, a.dtype,
                               spec.id, a.jobs, progress)
     traced = time.perf_counter() - t0
-    search = Search(a.chips, a.global_batch, schedules, pp=tuple(pps) if pps else None)
+    search = Search(a.chips, a.global_batch, schedules, pp=tuple(pps) if pps else None,
+                    tp=asked)
     try:
         doc = run(profiles, spec, search)
     except PlanError as e:

@@ -142,6 +142,7 @@ class Search:
     zero: tuple = ZERO
     recompute: tuple = RECOMPUTE
     pp: tuple | None = None                 # pipeline degrees (default: every divisor)
+    tp: tuple | None = None                 # TP degrees searched (default: the profiles')
     memo: dict = field(default_factory=dict, repr=False)
 
 
@@ -213,7 +214,7 @@ def plans(profiles: dict, search: Search) -> list[Plan]:
     out = []
     layers = next(iter(profiles.values())).layers
     for (tp, mbs) in sorted(profiles):
-        if search.chips % tp:
+        if search.chips % tp or (search.tp is not None and tp not in search.tp):
             continue
         for pp in search.pp or _divisors(search.chips // tp):
             if (search.chips // tp) % pp or pp > layers:
