@@ -215,3 +215,40 @@ def test_chakra_traces_of_a_plan(profiles, tmp_path):
         assert dp["comm_size"] == p.state_at("gradients", 2, s == 0, s == 1)
         assert all(n.data_deps[0] < n.id for n in nodes if n.data_deps)
     assert rows[0]["layers"] == 2
+
+
+def test_context_parallel_rank_is_the_sequence_over_cp(profiles):
+    """A rank of CP 2 (the sequence in 4 chunks, causally balanced: every rank holds the
+    same causal pairs, ``planning.context.rank_pairs``): its F, B and W work is the whole
+    sequence's over 2, the weights it reads stay whole (a layer's bf16 parameters, read
+    first by the forward), its saved activations and hidden states halve; per layer it
+    all-gathers the keys and values of every token (a bf16 row of KV heads x HD each) in
+    the forward, and again with a reduce-scatter of their gradients in the backward."""
+    import dataclasses as dc
+
+    from solbound.planning.context import context_parallel, rank_pairs
+    assert {rank_pairs(S, 2, r) for r in range(2)} == {S * (S + 1) // 4}
+    base = dc.replace(profiles[(1, 1)], kv_bytes=2 * KV * HD * S * 2)
+    half = context_parallel(base, 2)
+    for k in ("F", "B", "W"):
+        a, b = base.pieces[(k, "loop")], half.pieces[(k, "loop")]
+        assert b.macs == a.macs / 2 and b.work == {u: v / 2 for u, v in a.work.items()}
+        assert b.fixed_bytes == a.fixed_bytes
+        assert b.bytes == a.fixed_bytes + (a.bytes - a.fixed_bytes) / 2
+    assert base.pieces[("F", "loop")].fixed_bytes == 2 * _layer_params(1)
+    assert half.pieces[("O", "loop")] is base.pieces[("O", "loop")]
+    assert half.saved == {w: b / 2 for w, b in base.saved.items()}
+    assert half.hidden_bytes == base.hidden_bytes / 2 and half.state == base.state
+    spec = load_spec("h100-sxm")
+    plan = Plan(1, 2, 1, 1, 8, cp=2)
+    assert plan.chips == 4 and plan.label() == "tp1 cp2 pp2 dp1 mbs1 x8 1f1b zero1"
+    r = evaluate(plan, base, spec)
+    # the collectives slow the stages down: the same plan without them is faster
+    quiet = evaluate(plan, dc.replace(base, kv_bytes=0.0), spec)
+    assert r["seconds"] > quiet["seconds"]
+    assert r["gradient_sync_seconds"] > 0           # the CP ranks' gradients are reduced
+    search = Search(chips=4, global_batch=8, cp=(1, 2))
+    found = plans({(1, 1): base}, search)
+    assert {(c.cp, c.pp, c.dp) for c in found if c.cp == 2} == {(2, 1, 2), (2, 2, 1)}
+    with pytest.raises(ValueError, match="do not split into 2 x 3"):
+        context_parallel(base, 3)

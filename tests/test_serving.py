@@ -309,7 +309,6 @@ def llama_tp2():
 
 
 @pytest.mark.xdist_group("serving_tp")
-@pytest.mark.slow          # 50 s; fast: the fleet at TP 1 and 3 (test_cli_fleet_report)
 def test_tensor_parallel_step_equals_rank_traces(llama_tp2):
     """At TP 2 (transformers' own plan, rank 0 under a fake process group) the step's counts
     and collectives from its regions equal a direct trace of rank 0's program. By hand: the
@@ -511,7 +510,6 @@ def test_fp8_weights_and_cache_are_held_at_one_byte():
         sm.trace([Seq(1, 7)], validate=True)
 
 
-@pytest.mark.slow          # 50 s: two regions' probes and a direct trace of the FP8 step
 @pytest.mark.xdist_group("serving_fp8")
 def test_fp8_step_equals_direct_trace():
     """FP8 linears (activations quantized per token, ``_scaled_mm``) and an FP8 cache: the

@@ -964,6 +964,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "to the chip's scale-up domain that split the heads)")
     pl.add_argument("--pp", default=None, metavar="P,...",
                     help="pipeline degrees to consider (default: every divisor that fits)")
+    pl.add_argument("--cp", default="1", metavar="C,...",
+                    help="context-parallel degrees to consider (default 1: sequences whole; "
+                         "each splits a sequence into 2C chunks, causally balanced)")
     pl.add_argument("--mbs", default="1", metavar="B,...",
                     help="microbatch sizes to consider (default 1; each is traced once a TP "
                          "degree)")
@@ -1125,6 +1128,13 @@ def cmd_plan(a) -> int:
         return _err(f"--schedules {a.schedules!r}: among {', '.join(SCHEDULES)}")
     cfg, _ = load_config(a.model)
     tps, pps, mbss = _ints(a.tp, "--tp"), _ints(a.pp, "--pp"), _ints(a.mbs, "--mbs")
+    cps = _ints(a.cp, "--cp") or [1]
+    for c in cps:
+        if a.chips % c:
+            return _err(f"--cp {c} does not divide {a.chips} chips")
+        if a.seq % (2 * c):
+            return _err(f"--cp {c}: {a.seq} tokens do not split into 2 x {c} equal chunks "
+                        f"(the causal load balancing)")
     asked = None if tps is None else tuple(tps)
     if tps is None:
         domain = int(spec.links.get("scale_up_domain", 1)) if spec.links else 1
@@ -1159,7 +1169,7 @@ def cmd_plan(a) -> int:
                               spec.id, a.jobs, progress)
     traced = time.perf_counter() - t0
     search = Search(a.chips, a.global_batch, schedules, pp=tuple(pps) if pps else None,
-                    tp=asked)
+                    tp=asked, cp=tuple(cps))
     try:
         doc = run(profiles, spec, search)
     except PlanError as e:

@@ -99,10 +99,10 @@ def phase_counts(program: Program, counts, phase_of: dict[str, str]) -> dict[str
     return out
 
 
-def fused_bytes_by(counts, labels: list, default=None) -> dict:
+def fused_bytes_by(counts, labels: list, default=None, only=None) -> dict:
     """The fused DRAM bytes split by a label per kernel (``labels[i]`` for kernel ``i``):
     each tensor's read charged to its first reader's label, each write to its (last)
-    writer's, a tensor no kernel touches to ``default``."""
+    writer's, a tensor no kernel touches to ``default``; ``only``: of these tensors alone."""
     first_reader: dict[str, object] = {}
     writer: dict[str, object] = {}
     for lab, kc in zip(labels, counts.kernels):
@@ -112,9 +112,13 @@ def fused_bytes_by(counts, labels: list, default=None) -> dict:
             writer[t] = lab
     out: dict = {}
     for t, b in counts.fused.reads.items():
+        if only is not None and t not in only:
+            continue
         lab = first_reader.get(t, default)
         out[lab] = out.get(lab, 0) + b
     for t, b in counts.fused.writes.items():
+        if only is not None and t not in only:
+            continue
         lab = writer.get(t, default)
         out[lab] = out.get(lab, 0) + b
     return out

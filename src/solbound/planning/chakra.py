@@ -127,7 +127,10 @@ def attrs(node) -> dict:
 
 def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
     """Write ``PREFIX.RANK.et`` for every rank of ``plan``; the paths."""
-    from .search import _stage_parts, replay
+    from .search import PlanError, _stage_parts, replay
+    if plan.cp > 1:
+        raise PlanError(f"{plan.label()}: Chakra traces of a context-parallel plan are not "
+                        f"written yet (its ranks' key/value collectives)")
     Meta, Node, Attr = messages()
     rows, sim, _ = replay(plan, profile, spec, search)
     tp, dp, pp = plan.tp, plan.dp, plan.pp

@@ -47,6 +47,8 @@ class Profile:
     tensor_flops: float = 0.0  # of those, the FLOPs on tensor-core pipes
     saved_scores: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    kv_bytes: float = 0.0      # one layer's keys and values of a microbatch, every token
+    cp: int = 1                # context-parallel degree (``planning.context``)
 
     def state_at(self, what: str, layers: int, first: bool, last: bool) -> float:
         """Bytes of ``what`` a stage of ``layers`` layers holds (the first and last stage

@@ -39,6 +39,7 @@ from ..bounds.roofline import work_bound
 from ..schedules.pipeline import SCHEDULES, ScheduleError, Stage, simulate
 from ..schedules.stages import Part, split_layers, stage_parts
 from ..serving.capacity import dram_capacity
+from .context import context_parallel
 from .memory import RECOMPUTE, ZERO, rank_memory
 
 
@@ -57,20 +58,25 @@ class Plan:
     chunks: int = 1
     zero: int = 1
     recompute: str = "none"
+    cp: int = 1                # context parallel (``planning.context``)
 
     @property
     def chips(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     def label(self) -> str:
-        """``tp8 pp4 dp2 mbs1 x16 1f1b zero1`` (``interleaved/2``: two chunks a stage).
+        """``tp8 pp4 dp2 mbs1 x16 1f1b zero1`` (``interleaved/2``: two chunks a stage;
+        ``cp2`` after the TP degree when the sequences are split).
 
         >>> Plan(8, 4, 2, 1, 16, "interleaved", 2, 1, "full").label()
         'tp8 pp4 dp2 mbs1 x16 interleaved/2 zero1 recompute'
+        >>> Plan(8, 16, 8, 1, 16, cp=16).label()
+        'tp8 cp16 pp16 dp8 mbs1 x16 1f1b zero1'
         """
         sch = f"{self.schedule}/{self.chunks}" if self.chunks > 1 else self.schedule
         rc = " recompute" if self.recompute == "full" else ""
-        return (f"tp{self.tp} pp{self.pp} dp{self.dp} mbs{self.microbatch} "
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        return (f"tp{self.tp}{cp} pp{self.pp} dp{self.dp} mbs{self.microbatch} "
                 f"x{self.microbatches} {sch} zero{self.zero}{rc}")
 
 
@@ -79,6 +85,17 @@ def Comm(kind: str, members: tuple, nbytes: int, calls: int = 1, perm: tuple = (
     """A collective of the plan (no kernel of a program: the rank's program is composed)."""
     return Collective(kind, int(nbytes), len(members), calls, "", "", kind, "",
                       group=tuple(members), perm=perm)
+
+
+def rank_profile(profile, cp: int, memo: dict):
+    """``profile`` for a rank of ``cp`` (``planning.context``), kept in ``memo`` (its
+    identity keys the stage times)."""
+    if cp == 1:
+        return profile
+    key = ("cp", id(profile), cp)
+    if key not in memo:
+        memo[key] = (profile, context_parallel(profile, cp))
+    return memo[key][1]
 
 
 def _seconds(part: Part, comms: list[Collective], spec) -> float:
@@ -100,20 +117,27 @@ def _stage_parts(profile, layers: int, first: bool, last: bool, recompute: str) 
 def stage_times(profile, pp: int, recompute: str, spec, split=None) -> list[dict]:
     """Per stage: its layers, MACs, and F, B, W, O seconds a microbatch (module doc)."""
     layers = split_layers(profile.layers, pp, split)
-    tp = profile.tp
+    tp, cp = profile.tp, profile.cp
     group = tuple(range(tp))
+    ring = tuple(range(0, tp * cp, tp))               # the context-parallel group
     ar = int(profile.hidden_bytes)                    # a microbatch's hidden states
+    kv = int(profile.kv_bytes)                        # a layer's keys and values, all tokens
     rows = []
     for s, n in enumerate(layers):
         first, last = s == 0, s == pp - 1
         acc = _stage_parts(profile, n, first, last, recompute)
         fwd_ar = 2 * n + (1 if first else 0)
         bwd_ar = 2 * n + (1 if last else 0) + (2 * n if recompute == "full" else 0)
-        tpc = tp > 1
-        t = {"F": _seconds(acc["F"], [Comm("all_reduce", group, ar, fwd_ar)] if tpc else [],
-                           spec),
-             "B": _seconds(acc["B"], [Comm("all_reduce", group, ar, bwd_ar)] if tpc else [],
-                           spec),
+        fwd, bwd = [], []
+        if tp > 1:
+            fwd.append(Comm("all_reduce", group, ar, fwd_ar))
+            bwd.append(Comm("all_reduce", group, ar, bwd_ar))
+        if cp > 1:          # keys and values gathered, their gradients reduce-scattered
+            fwd.append(Comm("all_gather", ring, kv, n))
+            bwd += [Comm("all_gather", ring, kv, n * (2 if recompute == "full" else 1)),
+                    Comm("reduce_scatter", ring, kv, n)]
+        t = {"F": _seconds(acc["F"], fwd, spec),
+             "B": _seconds(acc["B"], bwd, spec),
              "W": _seconds(acc["W"], [], spec), "O": _seconds(acc["O"], [], spec)}
         rows.append({"stage": s, "layers": n, "first": first, "last": last,
                      "macs": acc["F"].macs + acc["B"].macs + acc["W"].macs, "t": t})
@@ -122,9 +146,11 @@ def stage_times(profile, pp: int, recompute: str, spec, split=None) -> list[dict
 
 def _grad_sync(profile, plan: Plan, layers: int, first: bool, last: bool, spec) -> float:
     """Seconds of a stage's data-parallel gradient (and ZeRO-3 parameter) collectives."""
-    if plan.dp == 1:
+    if plan.dp * plan.cp == 1:
         return 0.0
-    group = tuple(range(0, plan.tp * plan.dp, plan.tp))
+    # the stage's ranks of one TP index: data- and context-parallel (both hold the
+    # stage's weights and a part of its gradients)
+    group = tuple(range(0, plan.tp * plan.cp * plan.dp, plan.tp))
     g = profile.state_at("gradients", layers, first, last)
     w = profile.state_at("parameters", layers, first, last)
     comms = [Comm("all_reduce" if plan.zero < 2 else "reduce_scatter", group, g)]
@@ -143,6 +169,7 @@ class Search:
     recompute: tuple = RECOMPUTE
     pp: tuple | None = None                 # pipeline degrees (default: every divisor)
     tp: tuple | None = None                 # TP degrees searched (default: the profiles')
+    cp: tuple = (1,)                        # context-parallel degrees
     memo: dict = field(default_factory=dict, repr=False)
 
 
@@ -150,13 +177,14 @@ def replay(plan: Plan, profile, spec, search: "Search | None" = None) -> tuple:
     """``(stage rows, schedules.pipeline.Result, p2p seconds)`` of ``plan`` (memoized in
     ``search``)."""
     memo = search.memo if search is not None else {}
+    profile = rank_profile(profile, plan.cp, memo)
     key = ("times", id(profile), plan.pp, plan.recompute, spec.id)
     rows = memo.get(key)
     if rows is None:
         rows = memo[key] = stage_times(profile, plan.pp, plan.recompute, spec)
     p2p = 0.0
     if plan.pp > 1:
-        nxt = plan.tp * plan.dp                       # the next stage's rank 0
+        nxt = plan.tp * plan.cp * plan.dp             # the next stage's rank 0
         p2p = comm_time([Comm("permute", (0, nxt), profile.hidden_bytes, 1, ((0, 1),))],
                         spec).seconds
     times = tuple(Stage(r["t"]["F"], r["t"]["B"], r["t"]["W"]) for r in rows)
@@ -176,11 +204,13 @@ def evaluate(plan: Plan, profile, spec, search: Search | None = None,
         raise PlanError(f"{plan.label()}: the profile is of tp{profile.tp} "
                         f"mbs{profile.microbatch}")
     rows, sim, p2p = replay(plan, profile, spec, search)
+    profile = rank_profile(profile, plan.cp, search.memo if search is not None else {})
     sync = max(_grad_sync(profile, plan, r["layers"], r["first"], r["last"], spec)
                for r in rows)
-    opt = max(r["t"]["O"] / (plan.dp if plan.zero >= 1 else 1) for r in rows)
+    shards = plan.dp * plan.cp                  # ZeRO shards over both (Megatron's)
+    opt = max(r["t"]["O"] / (shards if plan.zero >= 1 else 1) for r in rows)
     seconds = max(sim.makespan, sync) + opt
-    mems = [rank_memory(profile, r["layers"], r["first"], r["last"], plan.dp, plan.zero,
+    mems = [rank_memory(profile, r["layers"], r["first"], r["last"], shards, plan.zero,
                         peak, plan.chunks, plan.recompute)
             for r, peak in zip(rows, sim.peak_inflight)]
     cap = dram_capacity(spec)
@@ -213,27 +243,31 @@ def plans(profiles: dict, search: Search) -> list[Plan]:
     """Every plan of ``search.chips`` the profiles (``(tp, microbatch) -> Profile``) allow."""
     out = []
     layers = next(iter(profiles.values())).layers
-    for (tp, mbs) in sorted(profiles):
-        if search.chips % tp or (search.tp is not None and tp not in search.tp):
+    for (tp, mbs), prof in sorted(profiles.items()):
+        if search.tp is not None and tp not in search.tp:
             continue
-        for pp in search.pp or _divisors(search.chips // tp):
-            if (search.chips // tp) % pp or pp > layers:
+        for cp in search.cp:
+            if search.chips % (tp * cp) or prof.seq % (2 * cp):
                 continue
-            dp = search.chips // (tp * pp)
-            if search.global_batch % (dp * mbs):
-                continue
-            m = search.global_batch // (dp * mbs)
-            for sch in (search.schedules if pp > 1 else ("1f1b",)):
-                chunks = 1
-                if sch == "interleaved":
-                    chunks = 2
-                    if m % pp or layers < pp * chunks:
-                        continue
-                for zero in search.zero:
-                    if dp == 1 and zero:
-                        continue
-                    for rc in search.recompute:
-                        out.append(Plan(tp, pp, dp, mbs, m, sch, chunks, zero, rc))
+            rest = search.chips // (tp * cp)
+            for pp in search.pp or _divisors(rest):
+                if rest % pp or pp > layers:
+                    continue
+                dp = rest // pp
+                if search.global_batch % (dp * mbs):
+                    continue
+                m = search.global_batch // (dp * mbs)
+                for sch in (search.schedules if pp > 1 else ("1f1b",)):
+                    chunks = 1
+                    if sch == "interleaved":
+                        chunks = 2
+                        if m % pp or layers < pp * chunks:
+                            continue
+                    for zero in search.zero:
+                        if dp * cp == 1 and zero:
+                            continue
+                        for rc in search.recompute:
+                            out.append(Plan(tp, pp, dp, mbs, m, sch, chunks, zero, rc, cp))
     return out
 
 

@@ -101,6 +101,15 @@ def _read(path: str) -> Profile | None:
         return None
 
 
+def kv_bytes(sharded, microbatch: int, seq: int, itemsize: int) -> int:
+    """One layer's keys and values of a microbatch, every token, at a rank's heads (what
+    context parallelism gathers)."""
+    heads = sharded.num_attention_heads
+    kv = getattr(sharded, "num_key_value_heads", None) or heads
+    hd = getattr(sharded, "head_dim", None) or sharded.hidden_size // heads
+    return 2 * kv * hd * seq * microbatch * itemsize
+
+
 def profile(cfg, tp: int, microbatch: int, seq: int, dtype: str = "bfloat16",
             arch: str = "h100-sxm", cache: bool = True) -> Profile:
     """The :class:`Profile` of ``cfg``'s training step at TP ``tp`` (``microbatch``
@@ -121,6 +130,7 @@ def profile(cfg, tp: int, microbatch: int, seq: int, dtype: str = "bfloat16",
     prof = profile_of(rep, tp, microbatch, seq)
     prof.hidden = cfg.hidden_size
     prof.act_itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    prof.kv_bytes = kv_bytes(sharded, microbatch, seq, prof.act_itemsize)
     if cache:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + f".{os.getpid()}.tmp", "wb") as f:

@@ -32,12 +32,15 @@ from .pipeline import ScheduleError, Stage, simulate
 
 @dataclass
 class Part:
-    """Work per pipe, SFU ops, FLOPs, MACs and fused bytes of some kernels."""
+    """Work per pipe, SFU ops, FLOPs, MACs and fused bytes of some kernels; of the bytes,
+    ``fixed_bytes`` those of tensors whose size does not depend on the tokens (parameters,
+    buffers, constants and gradients: the optimizer's state is a buffer)."""
     work: dict[str, float] = field(default_factory=dict)
     special: dict[str, float] = field(default_factory=dict)
     flops: float = 0.0
     macs: float = 0.0
     bytes: float = 0.0
+    fixed_bytes: float = 0.0
 
     def add(self, other: "Part", scale: float = 1.0) -> None:
         for mine, theirs in ((self.work, other.work), (self.special, other.special)):
@@ -46,6 +49,20 @@ class Part:
         self.flops += scale * other.flops
         self.macs += scale * other.macs
         self.bytes += scale * other.bytes
+        self.fixed_bytes += scale * other.fixed_bytes
+
+    def per_tokens(self, f: float) -> "Part":
+        """This part over ``f`` times the tokens: its work and the bytes of token-sized
+        tensors scaled, the fixed bytes kept.
+
+        >>> p = Part({"tensor_bf16": 8.0}, {}, 8.0, 4.0, 10.0, 6.0).per_tokens(0.5)
+        >>> p.work, p.macs, p.bytes, p.fixed_bytes
+        ({'tensor_bf16': 4.0}, 2.0, 8.0, 6.0)
+        """
+        return Part({k: v * f for k, v in self.work.items()},
+                    {k: v * f for k, v in self.special.items()}, self.flops * f,
+                    self.macs * f, self.fixed_bytes + (self.bytes - self.fixed_bytes) * f,
+                    self.fixed_bytes)
 
     def seconds(self, spec) -> float:
         return work_bound(self.work, self.special, self.bytes, int(self.flops), spec,
@@ -109,6 +126,12 @@ def parts(program, counts, phase_of: dict[str, str], gradients: dict[str, str],
     for lab, b in fused_bytes_by(counts, labels).items():
         if lab is not None:
             out.setdefault(lab, Part()).bytes += b
+    fixed = {t.name for t in program.tensors
+             if t.role in ("parameter", "buffer", "constant", "assumed")}
+    fixed |= set(gradients.values())
+    for lab, b in fused_bytes_by(counts, labels, only=fixed).items():
+        if lab is not None:
+            out.setdefault(lab, Part()).fixed_bytes += b
     if trip:
         for key, p in out.items():
             if key[1] == "loop":
