@@ -36,6 +36,8 @@ Equal stages without transfers give GPipe's and 1F1B's bubble ``(p - 1) / (m + p
 
 from __future__ import annotations
 
+import heapq
+
 from dataclasses import dataclass, field
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
@@ -190,43 +192,56 @@ def simulate(schedule: str, stages: list[Stage], microbatches: int, p2p: float =
         # each kind runs in microbatch order on a stage (its inputs arrive in that order),
         # so the candidates are each kind's next microbatch
         nxt = [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
-        rank = {"B": 0, "F": 1, "W": 2}
+        order = ("B", "F", "W")          # among operations ready together, B first
 
         def decide(s):
-            """Stage ``s``'s next operation and its start (None: nothing is ready)."""
-            cands = []
-            for kind, i in nxt[s].items():
+            """Stage ``s``'s next operation and its start (None: nothing is ready): it
+            starts at the earliest a candidate is ready (or the stage is free), and of the
+            candidates ready then, the first in ``rank`` order runs."""
+            nx, cands, lo = nxt[s], [], None
+            for kind in order:
+                i = nx[kind]
                 if i >= m or (kind == "F" and waiting[s] >= p - s):
                     continue                          # 1F1B's in-flight limit
                 r = ready(kind, i, s, 0)
                 if r is not None:
-                    cands.append((r, (kind, i, 0)))
-            if not cands:
+                    cands.append((r, kind, i))
+                    if lo is None or r < lo:
+                        lo = r
+            if lo is None:
                 return None
-            t = max(free[s], min(r for r, _ in cands))
-            return t, min((op for r, op in cands if r <= t),
-                          key=lambda o: (rank[o[0]], o[1]))
+            t = free[s] if free[s] > lo else lo
+            return next((t, (kind, i, 0)) for r, kind, i in cands if r <= t)
 
-        # a stage's choice changes only when it runs something or a neighbour readies its input
+        # a stage's choice changes only when it runs something or a neighbour readies its
+        # input; the earliest choice (the lowest stage among equals) runs next, from a heap
+        # whose stale entries (a stage's choice since replaced) are skipped
         choice = [decide(s) for s in range(p)]
+        version = [0] * p
+        heap = [(c[0], s, 0) for s, c in enumerate(choice) if c is not None]
+        heapq.heapify(heap)
+
+        def renew(s):
+            choice[s] = decide(s)
+            version[s] += 1
+            if choice[s] is not None:
+                heapq.heappush(heap, (choice[s][0], s, version[s]))
         left = 3 * m * p
         while left:
-            best = None
-            for s in range(p):
-                c = choice[s]
-                if c is not None and (best is None or c[0] < best[0]):
-                    best = (c[0], s, c[1])
-            if best is None:
+            while heap and heap[0][2] != version[heap[0][1]]:
+                heapq.heappop(heap)
+            if not heap:
                 raise ScheduleError("zb: the schedule deadlocks")        # pragma: no cover
-            t, s, op = best
+            t, s, _ = heapq.heappop(heap)
+            op = choice[s][1]
             nxt[s][op[0]] += 1
             left -= 1
             run(s, op, t)
-            choice[s] = decide(s)
+            renew(s)
             # a forward readies the next stage's, an input gradient the previous stage's
             n = s + 1 if op[0] == "F" else s - 1 if op[0] == "B" else -1
             if 0 <= n < p:
-                choice[n] = decide(n)
+                renew(n)
     return Result(schedule, p, m, max(free), busy, peak, log)
 
 
