@@ -252,3 +252,21 @@ def test_context_parallel_rank_is_the_sequence_over_cp(profiles):
     assert {(c.cp, c.pp, c.dp) for c in found if c.cp == 2} == {(2, 1, 2), (2, 2, 1)}
     with pytest.raises(ValueError, match="do not split into 2 x 3"):
         context_parallel(base, 3)
+
+
+def test_sequence_parallel_splits_the_replicated_activations(traced):
+    """At TP > 1 the activations of the model's width (the residual stream, the norms'
+    inputs and outputs: the same on every rank of a Megatron TP group) are held sequence
+    parallel, ``1 / tp`` of each a rank; the sharded ones (heads, MLP width) stay."""
+    from solbound.analysis.training import saved_for_backward
+    from solbound.planning.profile import saved_by_where
+    rep = traced[0]
+    phase_of = {op: g.get("phase", "forward") for op, g in (rep.lowered.groups or {}).items()}
+    whole, _ = saved_by_where(rep.program, phase_of, S)
+    sp, _ = saved_by_where(rep.program, phase_of, S, width=D, tp=2)
+    tm = rep.program.tensor_map
+    trip = next(k.loop[1] for k in rep.program.kernels if k.loop is not None)
+    looped = {o for k in rep.program.kernels if k.loop is not None for o in k.outputs}
+    wide = sum(b for t, b in saved_for_backward(rep.program, phase_of).items()
+               if t in looped and tm[t].shape[-1] == D and list(tm[t].shape).count(S) < 2)
+    assert wide > 0 and sp["loop"] == whole["loop"] - wide / trip / 2

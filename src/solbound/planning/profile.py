@@ -139,13 +139,19 @@ def state_by_where(program, phase_of: dict[str, str], gradients: dict[str, str],
     return out
 
 
-def saved_by_where(program, phase_of: dict[str, str], seq: int = 0
-                   ) -> tuple[dict[str, float], dict[str, float]]:
+def saved_by_where(program, phase_of: dict[str, str], seq: int = 0, width: int = 0,
+                   tp: int = 1) -> tuple[dict[str, float], dict[str, float]]:
     """Activation bytes the backward reads of the forward's, by where they are written;
     second, those of them with two axes of ``seq`` (attention's scores and probabilities,
     which a fused attention kernel never stores: it recomputes them from its log-sum-exp
     in the backward, as PyTorch's SDPA does on a GPU; the CPU's decomposition, traced,
-    saves them)."""
+    saves them).
+
+    With ``tp > 1`` a tensor whose last axis is the model's ``width`` is the same on every
+    rank of the TP group (the residual stream, the norms' inputs and outputs: nothing of it
+    is split); Megatron's sequence parallelism splits those over the group's ranks along
+    the sequence at no cost in bytes moved (each all-reduce becomes a reduce-scatter and
+    an all-gather of the same payload), so a rank holds ``1 / tp`` of each."""
     ks, tm = program.kernels, program.tensor_map
     trips = {k.loop[1] for k in ks if k.loop is not None}
     trip = max(trips) if trips else 1
@@ -160,13 +166,17 @@ def saved_by_where(program, phase_of: dict[str, str], seq: int = 0
         i, in_loop = writer.get(t, (0, False))
         w = "loop" if in_loop else ("first" if i < lo else "last")
         into = scores if seq > 1 and list(tm[t].shape).count(seq) >= 2 else out
+        if into is out and tp > 1 and width and tm[t].shape and tm[t].shape[-1] == width:
+            b = b / tp                               # sequence parallel (above)
         into[w] = into.get(w, 0.0) + (b / trip if in_loop else b)
     return out, scores
 
 
-def profile_of(rep, tp: int = 1, microbatch: int = 1, seq: int = 0) -> Profile:
+def profile_of(rep, tp: int = 1, microbatch: int = 1, seq: int = 0, width: int = 0
+               ) -> Profile:
     """The :class:`Profile` of a report of a training step (``analyze(..., train=True)``)
-    whose layers were rerolled into a loop."""
+    whose layers were rerolled into a loop; ``width``: the model's hidden size (with
+    ``tp > 1``, the activations of that width are held sequence parallel)."""
     info = rep.lowered.training
     if info is None:
         raise ValueError("a plan profile needs a training step (train=True)")
@@ -175,7 +185,7 @@ def profile_of(rep, tp: int = 1, microbatch: int = 1, seq: int = 0) -> Profile:
     pieces = parts(rep.program, rep.counts, phase_of, grads, rep.policy)
     layers = int(pieces[("trip", "")].macs)
     state = state_by_where(rep.program, phase_of, grads, set(info.get("optimizer_state", [])))
-    saved, scores = saved_by_where(rep.program, phase_of, seq)
+    saved, scores = saved_by_where(rep.program, phase_of, seq, width, tp)
     hb = hidden_bytes(rep.program, rep.counts)
     macs = sum(p.macs * (layers if w == "loop" else 1) for (k, w), p in pieces.items()
                if k in ("F", "B", "W"))

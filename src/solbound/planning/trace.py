@@ -127,7 +127,7 @@ def profile(cfg, tp: int, microbatch: int, seq: int, dtype: str = "bfloat16",
     if rep.unsupported:
         raise PlanError(f"tp {tp}: the step has unsupported operators "
                         f"({', '.join(sorted({u.operator for u in rep.unsupported}))})")
-    prof = profile_of(rep, tp, microbatch, seq)
+    prof = profile_of(rep, tp, microbatch, seq, cfg.hidden_size)
     prof.hidden = cfg.hidden_size
     prof.act_itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     prof.kv_bytes = kv_bytes(sharded, microbatch, seq, prof.act_itemsize)
