@@ -1195,9 +1195,10 @@ def cmd_plan(a) -> int:
           f"{a.seq} tokens; {doc['searched']:,} plans searched in "
           f"{doc['search_seconds']:.1f} s ({len(profiles)} profiles traced or read in "
           f"{traced:.1f} s), {doc['fitting']:,} fit")
-    print(f"  {'plan':<46} {'step':>10} {'MFU':>6} {'memory/rank':>12} {'bubble':>7}")
+    w = max([46] + [len(r["label"]) for r in doc["plans"]])
+    print(f"  {'plan':<{w}} {'step':>10} {'MFU':>6} {'memory/rank':>12} {'bubble':>7}")
     for r in doc["plans"]:
-        print(f"  {r['label']:<46} {r['seconds'] * 1e3:>8.4g}ms {r['mfu'] * 100:>5.1f}% "
+        print(f"  {r['label']:<{w}} {r['seconds'] * 1e3:>8.4g}ms {r['mfu'] * 100:>5.1f}% "
               f"{_size(int(r['memory_bytes'])):>12} {r['bubble_fraction'] * 100:>6.1f}%")
     print("  Pareto of step time and memory: " + "; ".join(
         f"{r['label']} ({r['seconds'] * 1e3:.4g} ms, {_size(int(r['memory_bytes']))})"
