@@ -217,6 +217,37 @@ def test_chakra_traces_of_a_plan(profiles, tmp_path):
     assert rows[0]["layers"] == 2
 
 
+def test_chakra_traces_of_a_context_parallel_plan(profiles, tmp_path):
+    """CP 2 x PP 2: ranks numbered TP, CP, DP, stages (the next stage 2 ranks on); after
+    each forward a layer's keys and values all-gathered over the CP pair, after each input
+    gradient again with the reduce-scatter of their gradients (a bf16 row of KV heads x
+    HD each, every token); the gradients reduced over the CP pair."""
+    import dataclasses as dc
+
+    from solbound.planning.chakra import (ALL_GATHER, COMM_COLL_NODE, COMM_SEND_NODE,
+                                          REDUCE_SCATTER, attrs, export, read)
+    kv = 2 * KV * HD * S * 2
+    p, spec = dc.replace(profiles[(1, 1)], kv_bytes=kv), load_spec("h100-sxm")
+    paths = export(Plan(1, 2, 1, 1, 4, cp=2), p, spec, str(tmp_path / "cp" / "step"))
+    assert len(paths) == 4
+    for rank, path in enumerate(paths):
+        _, nodes = read(path)
+        s = rank // 2
+        colls = [(n.name, attrs(n)) for n in nodes if n.type == COMM_COLL_NODE]
+        gathers = [a for name, a in colls if name.startswith("cp_all_gather_kv_F")]
+        back = [a for name, a in colls if name.startswith("cp_all_gather_kv_B")]
+        scatters = [a for name, a in colls if name.startswith("cp_reduce_scatter_dkv_B")]
+        assert len(gathers) == len(back) == len(scatters) == 4          # a microbatch each
+        assert all(a["comm_type"] == ALL_GATHER and a["comm_size"] == 2 * kv
+                   for a in gathers + back)                              # 2 layers a stage
+        assert all(a["comm_type"] == REDUCE_SCATTER and a["comm_size"] == 2 * kv
+                   for a in scatters)
+        (grads,) = [a for name, a in colls if name == "dp_gradients"]
+        assert grads["pg_name"] == f"dp_cp_stage{s}_tp0"
+        sends = [attrs(n) for n in nodes if n.type == COMM_SEND_NODE]
+        assert {a["comm_dst"] for a in sends} == {rank + 2 if s == 0 else rank - 2}
+
+
 def test_context_parallel_rank_is_the_sequence_over_cp(profiles):
     """A rank of CP 2 (the sequence in 4 chunks, causally balanced: every rank holds the
     same causal pairs, ``planning.context.rank_pairs``): its F, B and W work is the whole

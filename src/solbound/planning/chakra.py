@@ -14,7 +14,9 @@ bound; ``solbound_macs``, ``solbound_seconds``), each followed by a collective n
 tensor-parallel all-reduces (``comm_size``: their payload in all), activations received
 from the previous stage before a forward and sent to the next after it (gradients the other
 way), then the data-parallel gradient collective(s) and the optimizer. Ranks are numbered
-TP innermost, then DP, then stages (``planning.search``).
+TP innermost, then CP, then DP, then stages (``planning.search``); a context-parallel
+plan adds, after each forward and backward, its ranks' key/value all-gathers and the
+reduce-scatter of their gradients.
 """
 
 from __future__ import annotations
@@ -127,18 +129,17 @@ def attrs(node) -> dict:
 
 def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
     """Write ``PREFIX.RANK.et`` for every rank of ``plan``; the paths."""
-    from .search import PlanError, _stage_parts, replay
-    if plan.cp > 1:
-        raise PlanError(f"{plan.label()}: Chakra traces of a context-parallel plan are not "
-                        f"written yet (its ranks' key/value collectives)")
+    from .search import _stage_parts, rank_profile, replay
     Meta, Node, Attr = messages()
     rows, sim, _ = replay(plan, profile, spec, search)
-    tp, dp, pp = plan.tp, plan.dp, plan.pp
-    hb = int(profile.hidden_bytes)
+    profile = rank_profile(profile, plan.cp, search.memo if search is not None else {})
+    tp, cp, dp, pp = plan.tp, plan.cp, plan.dp, plan.pp
+    hop = tp * cp * dp                                # ranks between two stages
+    hb, kv = int(profile.hidden_bytes), int(profile.kv_bytes)
     paths = []
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     for rank in range(plan.chips):
-        t, d, s = rank % tp, (rank // tp) % dp, rank // (tp * dp)
+        t, c_, d, s = rank % tp, (rank // tp) % cp, (rank // (tp * cp)) % dp, rank // hop
         row = rows[s]
         parts = _stage_parts(profile, row["layers"], row["first"], row["last"],
                              plan.recompute)
@@ -157,16 +158,23 @@ def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
         tp_calls = {"F": 2 * row["layers"] + (1 if row["first"] else 0),
                     "B": 2 * row["layers"] + (1 if row["last"] else 0)
                     + (2 * row["layers"] if plan.recompute == "full" else 0)}
+        # context parallel: a layer's keys and values gathered (forward; backward, twice
+        # with full recompute), their gradients reduce-scattered (backward)
+        n = row["layers"]
+        cp_colls = {"F": [("all_gather_kv", ALL_GATHER, n)],
+                    "B": [("all_gather_kv", ALL_GATHER,
+                           n * (2 if plan.recompute == "full" else 1)),
+                          ("reduce_scatter_dkv", REDUCE_SCATTER, n)]}
         for kind, i, c, start, end in sim.order[s]:
             deps = [last] if last is not None else []
             kinds = ("B", "W") if kind == "BW" else (kind,)
             if kind == "F" and s > 0:
                 deps.append(node(f"recv_act_mb{i}", COMM_RECV_NODE, [],
-                                 comm_src=rank - tp * dp, comm_dst=rank, comm_size=hb,
+                                 comm_src=rank - hop, comm_dst=rank, comm_size=hb,
                                  comm_tag=i))
             if kind in ("B", "BW") and s < pp - 1:
                 deps.append(node(f"recv_grad_mb{i}", COMM_RECV_NODE, [],
-                                 comm_src=rank + tp * dp, comm_dst=rank, comm_size=hb,
+                                 comm_src=rank + hop, comm_dst=rank, comm_size=hb,
                                  comm_tag=i))
             for k in kinds:
                 part = parts[k]
@@ -182,17 +190,22 @@ def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
                     last = node(f"tp_all_reduce_{k}_mb{i}", COMM_COLL_NODE, deps,
                                 comm_type=ALL_REDUCE,
                                 comm_size=hb * tp_calls[k] // plan.chunks,
-                                pg_name=f"tp_stage{s}_dp{d}")
+                                pg_name=f"tp_stage{s}_cp{c_}_dp{d}")
+                    deps = [last]
+                for name, ctype, calls in (cp_colls.get(k, ()) if cp > 1 else ()):
+                    last = node(f"cp_{name}_{k}_mb{i}", COMM_COLL_NODE, deps,
+                                comm_type=ctype, comm_size=kv * calls // plan.chunks,
+                                pg_name=f"cp_stage{s}_tp{t}_dp{d}")
                     deps = [last]
             if kind == "F" and s < pp - 1:
                 node(f"send_act_mb{i}", COMM_SEND_NODE, [last], comm_src=rank,
-                     comm_dst=rank + tp * dp, comm_size=hb, comm_tag=i)
+                     comm_dst=rank + hop, comm_size=hb, comm_tag=i)
             if kind in ("B", "BW") and s > 0:
                 node(f"send_grad_mb{i}", COMM_SEND_NODE, [last], comm_src=rank,
-                     comm_dst=rank - tp * dp, comm_size=hb, comm_tag=i)
-        if dp > 1:
+                     comm_dst=rank - hop, comm_size=hb, comm_tag=i)
+        if dp * cp > 1:            # the stage's data- and context-parallel ranks
             grads = int(profile.state_at("gradients", row["layers"], row["first"], row["last"]))
-            pg = f"dp_stage{s}_tp{t}"
+            pg = f"dp_cp_stage{s}_tp{t}" if cp > 1 else f"dp_stage{s}_tp{t}"
             last = node("dp_gradients", COMM_COLL_NODE, [last],
                         comm_type=ALL_REDUCE if plan.zero < 2 else REDUCE_SCATTER,
                         comm_size=grads, pg_name=pg)
@@ -201,7 +214,7 @@ def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
                                               row["last"]))
                 last = node("dp_parameters", COMM_COLL_NODE, [last], comm_type=ALL_GATHER,
                             comm_size=2 * params, pg_name=pg)
-        opt, shard = parts["O"], (dp if plan.zero >= 1 else 1)
+        opt, shard = parts["O"], (dp * cp if plan.zero >= 1 else 1)
         last = node("optimizer", COMP_NODE, [last], num_ops=int(opt.flops / shard),
                     tensor_size=int(opt.bytes / shard),
                     solbound_seconds=float(row["t"]["O"] / shard), is_cpu_op=False)
