@@ -301,3 +301,31 @@ def test_sequence_parallel_splits_the_replicated_activations(traced):
     wide = sum(b for t, b in saved_for_backward(rep.program, phase_of).items()
                if t in looped and tm[t].shape[-1] == D and list(tm[t].shape).count(S) < 2)
     assert wide > 0 and sp["loop"] == whole["loop"] - wide / trip / 2
+
+
+def test_ulysses_context_parallel_is_all_to_alls_over_heads(profiles, tmp_path):
+    """Ulysses: the same rank work as the ring's (``1 / cp`` of the tokens and pairs), with
+    per layer all-to-alls of the rank's queries, keys, values and output (their gradients
+    in the backward) instead of the keys' and values' all-gather; only where a rank's heads
+    split over the CP group (KV = 2 key/value heads: CP 2, not 4)."""
+    import dataclasses as dc
+
+    from solbound.planning.chakra import ALL_TO_ALL, COMM_COLL_NODE, attrs, export, read
+    kv, q = 2 * KV * HD * S * 2, H * HD * S * 2
+    base = dc.replace(profiles[(1, 1)], kv_bytes=kv, q_bytes=q, heads=H, kv_heads=KV)
+    found = plans({(1, 1): base}, Search(chips=4, global_batch=8, cp=(2, 4),
+                                         cp_modes=("ring", "ulysses")))
+    assert {(c.cp, c.ulysses) for c in found} == {(2, False), (2, True), (4, False)}
+    spec = load_spec("h100-sxm")
+    ring = evaluate(Plan(1, 1, 2, 1, 4, cp=2), base, spec)
+    uly = evaluate(Plan(1, 1, 2, 1, 4, cp=2, ulysses=True), base, spec)
+    assert uly["label"] == "tp1 ulysses2 pp1 dp2 mbs1 x4 1f1b zero1"
+    assert uly["memory_bytes"] == ring["memory_bytes"]
+    assert uly["stages"][0]["macs"] == ring["stages"][0]["macs"]
+    paths = export(Plan(1, 1, 2, 1, 4, cp=2, ulysses=True), base, spec,
+                   str(tmp_path / "u" / "step"))
+    _, nodes = read(paths[0])
+    a2a = [attrs(n) for n in nodes if n.type == COMM_COLL_NODE and "all_to_all" in n.name]
+    assert len(a2a) == 2 * 4                       # a forward and a backward a microbatch
+    assert all(a["comm_type"] == ALL_TO_ALL and a["comm_size"] == L * (2 * q + kv) // 2
+               for a in a2a)

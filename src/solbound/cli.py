@@ -967,6 +967,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--cp", default="1", metavar="C,...",
                     help="context-parallel degrees to consider (default 1: sequences whole; "
                          "each splits a sequence into 2C chunks, causally balanced)")
+    pl.add_argument("--cp-modes", default="ring,ulysses", metavar="M,...",
+                    help="how a CP group shares attention: ring (keys and values gathered) "
+                         "and/or ulysses (all-to-alls over heads); default both")
     pl.add_argument("--mbs", default="1", metavar="B,...",
                     help="microbatch sizes to consider (default 1; each is traced once a TP "
                          "degree)")
@@ -1129,6 +1132,9 @@ def cmd_plan(a) -> int:
     cfg, _ = load_config(a.model)
     tps, pps, mbss = _ints(a.tp, "--tp"), _ints(a.pp, "--pp"), _ints(a.mbs, "--mbs")
     cps = _ints(a.cp, "--cp") or [1]
+    modes = tuple(m.strip() for m in a.cp_modes.split(",") if m.strip())
+    if not modes or set(modes) - {"ring", "ulysses"}:
+        return _err(f"--cp-modes {a.cp_modes!r}: among ring, ulysses")
     for c in cps:
         if a.chips % c:
             return _err(f"--cp {c} does not divide {a.chips} chips")
@@ -1169,7 +1175,7 @@ def cmd_plan(a) -> int:
                               spec.id, a.jobs, progress)
     traced = time.perf_counter() - t0
     search = Search(a.chips, a.global_batch, schedules, pp=tuple(pps) if pps else None,
-                    tp=asked, cp=tuple(cps))
+                    tp=asked, cp=tuple(cps), cp_modes=modes)
     try:
         doc = run(profiles, spec, search)
     except PlanError as e:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 
 # CollectiveCommType and NodeType values of et_def.proto
-ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER = 0, 2, 7
+ALL_REDUCE, ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER = 0, 2, 6, 7
 COMP_NODE, COMM_SEND_NODE, COMM_RECV_NODE, COMM_COLL_NODE = 4, 5, 6, 7
 SCHEMA = "1.0.2-chakra.1.0.0"
 
@@ -160,11 +160,14 @@ def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
                     + (2 * row["layers"] if plan.recompute == "full" else 0)}
         # context parallel: a layer's keys and values gathered (forward; backward, twice
         # with full recompute), their gradients reduce-scattered (backward)
-        n = row["layers"]
-        cp_colls = {"F": [("all_gather_kv", ALL_GATHER, n)],
-                    "B": [("all_gather_kv", ALL_GATHER,
-                           n * (2 if plan.recompute == "full" else 1)),
-                          ("reduce_scatter_dkv", REDUCE_SCATTER, n)]}
+        n, again = row["layers"], 2 if plan.recompute == "full" else 1
+        cp_colls = {"F": [("all_gather_kv", ALL_GATHER, n, kv)],
+                    "B": [("all_gather_kv", ALL_GATHER, n * again, kv),
+                          ("reduce_scatter_dkv", REDUCE_SCATTER, n, kv)]}
+        if plan.ulysses:   # all-to-alls of q, k, v and the output (a rank's share), and back
+            a2a = int((2 * profile.q_bytes + profile.kv_bytes) / cp)
+            cp_colls = {"F": [("all_to_all_qkvo", ALL_TO_ALL, n, a2a)],
+                        "B": [("all_to_all_qkvo", ALL_TO_ALL, n * again, a2a)]}
         for kind, i, c, start, end in sim.order[s]:
             deps = [last] if last is not None else []
             kinds = ("B", "W") if kind == "BW" else (kind,)
@@ -192,9 +195,9 @@ def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
                                 comm_size=hb * tp_calls[k] // plan.chunks,
                                 pg_name=f"tp_stage{s}_cp{c_}_dp{d}")
                     deps = [last]
-                for name, ctype, calls in (cp_colls.get(k, ()) if cp > 1 else ()):
+                for name, ctype, calls, size in (cp_colls.get(k, ()) if cp > 1 else ()):
                     last = node(f"cp_{name}_{k}_mb{i}", COMM_COLL_NODE, deps,
-                                comm_type=ctype, comm_size=kv * calls // plan.chunks,
+                                comm_type=ctype, comm_size=size * calls // plan.chunks,
                                 pg_name=f"cp_stage{s}_tp{t}_dp{d}")
                     deps = [last]
             if kind == "F" and s < pp - 1:

@@ -15,7 +15,9 @@ split evenly too (:func:`rank_pairs`: every rank holds ``S (S + 1) / (2 cp)`` of
 the rank's forward, input and weight gradient work is the whole sequence's over ``cp``; of
 the fused bytes, those of the parameters, buffers and gradients stay whole and the rest
 (tokens, the loss) is divided (``schedules.stages.Part.per_tokens``), as are the saved
-activations and the hidden states sent between stages. The optimizer and the state are the
+activations and the hidden states sent between stages. Ulysses (DeepSpeed's all-to-all
+over heads) gives a rank the same share of the work (``1 / cp`` of the heads over every
+token); only its collectives differ (``planning.search.stage_times``). The optimizer and the state are the
 rank's whole; gradients are reduced over the data- and context-parallel ranks together
 (``planning.search``).
 """

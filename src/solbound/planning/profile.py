@@ -48,6 +48,9 @@ class Profile:
     saved_scores: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     kv_bytes: float = 0.0      # one layer's keys and values of a microbatch, every token
+    q_bytes: float = 0.0       # one layer's queries (or attention output) of a microbatch
+    heads: int = 0             # query and key-value heads a rank (Ulysses splits them)
+    kv_heads: int = 0
     cp: int = 1                # context-parallel degree (``planning.context``)
 
     def state_at(self, what: str, layers: int, first: bool, last: bool) -> float:

@@ -59,6 +59,7 @@ class Plan:
     zero: int = 1
     recompute: str = "none"
     cp: int = 1                # context parallel (``planning.context``)
+    ulysses: bool = False      # CP as all-to-alls over heads (else: keys and values gathered)
 
     @property
     def chips(self) -> int:
@@ -72,10 +73,12 @@ class Plan:
         'tp8 pp4 dp2 mbs1 x16 interleaved/2 zero1 recompute'
         >>> Plan(8, 16, 8, 1, 16, cp=16).label()
         'tp8 cp16 pp16 dp8 mbs1 x16 1f1b zero1'
+        >>> Plan(1, 1, 8, 1, 1, cp=8, ulysses=True).label()
+        'tp1 ulysses8 pp1 dp8 mbs1 x1 1f1b zero1'
         """
         sch = f"{self.schedule}/{self.chunks}" if self.chunks > 1 else self.schedule
         rc = " recompute" if self.recompute == "full" else ""
-        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        cp = f" {'ulysses' if self.ulysses else 'cp'}{self.cp}" if self.cp > 1 else ""
         return (f"tp{self.tp}{cp} pp{self.pp} dp{self.dp} mbs{self.microbatch} "
                 f"x{self.microbatches} {sch} zero{self.zero}{rc}")
 
@@ -114,7 +117,8 @@ def _stage_parts(profile, layers: int, first: bool, last: bool, recompute: str) 
     return acc
 
 
-def stage_times(profile, pp: int, recompute: str, spec, split=None) -> list[dict]:
+def stage_times(profile, pp: int, recompute: str, spec, split=None,
+                ulysses: bool = False) -> list[dict]:
     """Per stage: its layers, MACs, and F, B, W, O seconds a microbatch (module doc)."""
     layers = split_layers(profile.layers, pp, split)
     tp, cp = profile.tp, profile.cp
@@ -132,9 +136,16 @@ def stage_times(profile, pp: int, recompute: str, spec, split=None) -> list[dict
         if tp > 1:
             fwd.append(Comm("all_reduce", group, ar, fwd_ar))
             bwd.append(Comm("all_reduce", group, ar, bwd_ar))
-        if cp > 1:          # keys and values gathered, their gradients reduce-scattered
+        again = 2 if recompute == "full" else 1
+        if cp > 1 and ulysses:
+            # all-to-alls of a rank's queries, keys, values and attention output (each the
+            # rank's 1/cp of the tokens), and of their gradients in the backward
+            a2a = int((2 * profile.q_bytes + profile.kv_bytes) / cp)
+            fwd.append(Comm("all_to_all", ring, a2a, n))
+            bwd.append(Comm("all_to_all", ring, a2a, n * again))
+        elif cp > 1:        # keys and values gathered, their gradients reduce-scattered
             fwd.append(Comm("all_gather", ring, kv, n))
-            bwd += [Comm("all_gather", ring, kv, n * (2 if recompute == "full" else 1)),
+            bwd += [Comm("all_gather", ring, kv, n * again),
                     Comm("reduce_scatter", ring, kv, n)]
         t = {"F": _seconds(acc["F"], fwd, spec),
              "B": _seconds(acc["B"], bwd, spec),
@@ -170,6 +181,7 @@ class Search:
     pp: tuple | None = None                 # pipeline degrees (default: every divisor)
     tp: tuple | None = None                 # TP degrees searched (default: the profiles')
     cp: tuple = (1,)                        # context-parallel degrees
+    cp_modes: tuple = ("ring",)             # "ring" (all-gather) and/or "ulysses"
     memo: dict = field(default_factory=dict, repr=False)
 
 
@@ -178,10 +190,11 @@ def replay(plan: Plan, profile, spec, search: "Search | None" = None) -> tuple:
     ``search``)."""
     memo = search.memo if search is not None else {}
     profile = rank_profile(profile, plan.cp, memo)
-    key = ("times", id(profile), plan.pp, plan.recompute, spec.id)
+    key = ("times", id(profile), plan.pp, plan.recompute, spec.id, plan.ulysses)
     rows = memo.get(key)
     if rows is None:
-        rows = memo[key] = stage_times(profile, plan.pp, plan.recompute, spec)
+        rows = memo[key] = stage_times(profile, plan.pp, plan.recompute, spec,
+                                       ulysses=plan.ulysses)
     p2p = 0.0
     if plan.pp > 1:
         nxt = plan.tp * plan.cp * plan.dp             # the next stage's rank 0
@@ -246,9 +259,13 @@ def plans(profiles: dict, search: Search) -> list[Plan]:
     for (tp, mbs), prof in sorted(profiles.items()):
         if search.tp is not None and tp not in search.tp:
             continue
-        for cp in search.cp:
+        for cp, uly in [(c, u) for c in search.cp
+                        for u in ((False,) if c == 1 else
+                                  tuple(m == "ulysses" for m in search.cp_modes))]:
             if search.chips % (tp * cp) or prof.seq % (2 * cp):
                 continue
+            if uly and (not prof.heads or prof.heads % cp or prof.kv_heads % cp):
+                continue                      # Ulysses splits a rank's heads over cp
             rest = search.chips // (tp * cp)
             for pp in search.pp or _divisors(rest):
                 if rest % pp or pp > layers:
@@ -267,7 +284,8 @@ def plans(profiles: dict, search: Search) -> list[Plan]:
                         if dp * cp == 1 and zero:
                             continue
                         for rc in search.recompute:
-                            out.append(Plan(tp, pp, dp, mbs, m, sch, chunks, zero, rc, cp))
+                            out.append(Plan(tp, pp, dp, mbs, m, sch, chunks, zero, rc, cp,
+                                            uly))
     return out
 
 

@@ -131,6 +131,9 @@ def profile(cfg, tp: int, microbatch: int, seq: int, dtype: str = "bfloat16",
     prof.hidden = cfg.hidden_size
     prof.act_itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     prof.kv_bytes = kv_bytes(sharded, microbatch, seq, prof.act_itemsize)
+    prof.heads = sharded.num_attention_heads
+    prof.kv_heads = getattr(sharded, "num_key_value_heads", None) or prof.heads
+    prof.q_bytes = prof.kv_bytes * prof.heads / (2 * prof.kv_heads)
     if cache:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + f".{os.getpid()}.tmp", "wb") as f:
