@@ -129,6 +129,7 @@ def attrs(node) -> dict:
 
 def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
     """Write ``PREFIX.RANK.et`` for every rank of ``plan``; the paths."""
+    from .context import ulysses_bytes
     from .search import _stage_parts, rank_profile, replay
     Meta, Node, Attr = messages()
     rows, sim, _ = replay(plan, profile, spec, search)
@@ -165,7 +166,7 @@ def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
                     "B": [("all_gather_kv", ALL_GATHER, n * again, kv),
                           ("reduce_scatter_dkv", REDUCE_SCATTER, n, kv)]}
         if plan.ulysses:   # all-to-alls of q, k, v and the output (a rank's share), and back
-            a2a = int((2 * profile.q_bytes + profile.kv_bytes) / cp)
+            a2a = ulysses_bytes(profile)
             cp_colls = {"F": [("all_to_all_qkvo", ALL_TO_ALL, n, a2a)],
                         "B": [("all_to_all_qkvo", ALL_TO_ALL, n * again, a2a)]}
         for kind, i, c, start, end in sim.order[s]:

@@ -44,6 +44,12 @@ def rank_pairs(seq: int, cp: int, rank: int) -> int:
     return sum(sum(j * c + k + 1 for k in range(c)) for j in (rank, 2 * cp - 1 - rank))
 
 
+def ulysses_bytes(profile) -> int:
+    """A layer's all-to-all payload a rank of a Ulysses group sends (the profile a rank of
+    ``cp``): its share of the queries, keys, values and attention output."""
+    return int((2 * profile.q_bytes + profile.kv_bytes) / profile.cp)
+
+
 def context_parallel(profile, cp: int):
     """The profile of one rank of ``cp`` from the whole sequence's (module doc)."""
     if cp == 1:
@@ -61,4 +67,4 @@ def context_parallel(profile, cp: int):
         hidden_bytes=profile.hidden_bytes * f)
 
 
-__all__ = ["rank_pairs", "context_parallel"]
+__all__ = ["rank_pairs", "context_parallel", "ulysses_bytes"]

@@ -39,7 +39,7 @@ from ..bounds.roofline import work_bound
 from ..schedules.pipeline import SCHEDULES, ScheduleError, Stage, simulate
 from ..schedules.stages import Part, split_layers, stage_parts
 from ..serving.capacity import dram_capacity
-from .context import context_parallel
+from .context import context_parallel, ulysses_bytes
 from .memory import RECOMPUTE, ZERO, rank_memory
 
 
@@ -140,7 +140,7 @@ def stage_times(profile, pp: int, recompute: str, spec, split=None,
         if cp > 1 and ulysses:
             # all-to-alls of a rank's queries, keys, values and attention output (each the
             # rank's 1/cp of the tokens), and of their gradients in the backward
-            a2a = int((2 * profile.q_bytes + profile.kv_bytes) / cp)
+            a2a = ulysses_bytes(profile)
             fwd.append(Comm("all_to_all", ring, a2a, n))
             bwd.append(Comm("all_to_all", ring, a2a, n * again))
         elif cp > 1:        # keys and values gathered, their gradients reduce-scattered
