@@ -528,3 +528,72 @@ def test_fp8_step_equals_direct_trace():
     attn = sum(2 * H * HD * (s.new * s.ctx + s.new * (s.new + 1) // 2 + s.ctx + s.new)
                for s in seqs)
     assert got.work["tensor_bf16"] == 2 * (lm + attn)
+
+
+# ------------------------------------------------------------- state layers (SSM, hybrid)
+
+def _mamba2(chunk=8):
+    """Mamba 2: every layer an SSM whose prefill is computed in chunks of ``chunk`` tokens
+    (the last one padded), a causal convolution of 4 taps, a recurrent state per head."""
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Mamba2Config(vocab_size=256, hidden_size=32, num_hidden_layers=2, num_heads=4,
+                       head_dim=16, state_size=8, n_groups=1, chunk_size=chunk, expand=2,
+                       conv_kernel=4)
+    return Mamba2ForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def mamba2():
+    return StepModel(_mamba2())
+
+
+@pytest.mark.xdist_group("serving_state")
+def test_state_layers_are_read_from_the_cache(mamba2):
+    """Each layer keeps the convolution's last 4 inputs of its 2 * 32 inner channels and
+    2 * 8 B/C channels, and a 4 x 16 x 8 state per head, fp32: 1,280 + 2,048 bytes a
+    sequence whatever its length; no key/value rows."""
+    conv, rec = ("conv", 0, (80, 4), "float32"), ("recurrent", 0, (4, 16, 8), "float32")
+    assert [(L.kind, L.states) for L in mamba2.layout] == [("state", (conv, rec))] * 2
+    assert (mamba2.chunk, mamba2.small) == (8, 4)
+    mem = memory_of(mamba2, load_spec("h100-sxm"), 0.5)
+    assert mem.state_bytes() == 2 * (80 * 4 + 4 * 16 * 8) * 4 == 6656
+    assert mem.kv_bytes(1) == mem.kv_bytes(100_000) == 6656
+    assert mem.max_sequences(100_000) == math.floor(mem.free / 6656)
+
+
+@pytest.mark.xdist_group("serving_state")
+def test_chunked_state_layers_equal_direct_traces(mamba2):
+    """Prefills over several chunks (the last padded: polynomials in new and the chunks),
+    one-token decodes against a state, and a short extend: exact against a direct trace of
+    the composition, which validates against the model."""
+    from solbound.serving.step import chunk_side
+    assert [chunk_side(n, 8) for n in (5, 8, 13, 24)] == ["part", "one", "chunks", "whole"]
+    seqs = "13@0,37@0,1@5"
+    got = mamba2.counts(seqs)
+    rep = mamba2.trace(seqs, arch="h100-sxm", modes=("fused",), validate=True)
+    assert rep.validation["status"] == "passed"
+    assert (got.macs, got.bytes) == (rep.counts.macs, rep.counts.fused.bytes)
+    assert got.flops == {k: v for k, v in rep.counts.flops.items() if v}
+
+
+@pytest.mark.xdist_group("serving_state")
+def test_hybrid_attention_and_state_layers_serve(tmp_path, capsys):
+    """A Jamba-style hybrid (one attention layer, one Mamba layer): the step program fills
+    both caches, a decode is exact against a direct trace, and ``serve`` charges each
+    sequence its state next to its key/value rows."""
+    from transformers import JambaConfig, JambaForCausalLM
+    torch.manual_seed(0)
+    cfg = JambaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, attn_layer_period=2,
+                      attn_layer_offset=1, expert_layer_period=4, expert_layer_offset=3,
+                      mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
+                      max_position_embeddings=1024, use_mamba_kernels=False)
+    sm = StepModel(JambaForCausalLM(cfg).eval())
+    assert [L.kind for L in sm.layout] == ["state", "full"]
+    _same(sm, "1@7,1@40")
+    res = serve(sm, uniform(2, 4, 3), "h100-sxm")     # 2-token prompts: one class
+    mem = res["serving"][0]["memory"]
+    # Mamba layer: conv (64, 4) and state (64, 8), fp32; attention layer: 2 x 2 x 8 fp32
+    assert mem["state_bytes_per_sequence"] == (64 * 4 + 64 * 8) * 4
+    assert mem["kv_bytes_per_token"] == {"full": 2 * 2 * 8 * 4}

@@ -2,7 +2,8 @@
 
 The cache is read from the model's own cache class (:func:`.step.cache_layout`): per layer
 the key and value rows of one token and, for a sliding-window layer, the ``window - 1`` rows
-it keeps at most. Nothing here is a per-family formula.
+it keeps at most; a linear-attention or SSM layer's convolution and recurrent state per
+sequence. Nothing here is a per-family formula.
 
 >>> from solbound.serving.step import CacheLayer
 >>> full = CacheLayer("full", (8, 128), (8, 128), "bfloat16", "bfloat16")
@@ -14,6 +15,16 @@ True
 True
 >>> m.max_sequences(8192)   # (72e9 - 16e9) // (4096 * 8192 + 4096 * 4095)
 1112
+
+A linear-attention or SSM layer holds a state per sequence, whatever its length:
+
+>>> ssm = CacheLayer("state", (), (), "", "", None,
+...                  (("conv", 0, (8192, 4), "bfloat16"), ("recurrent", 0, (64, 128, 128), "float32")))
+>>> h = Memory(80e9, 0.9, 16_000_000_000, (full, ssm))
+>>> h.state_bytes(), h.kv_bytes(100) == 4096 * 100 + 65536 + 4194304
+(4259840, True)
+>>> h.kv_steps(3, 4) == sum(h.kv_bytes(t) for t in range(3, 7))
+True
 """
 
 from __future__ import annotations
@@ -42,14 +53,21 @@ class Memory:
     def kv_bytes(self, tokens: int) -> int:
         """The cache bytes of one sequence of ``tokens`` tokens (window layers keep at most
         ``window - 1`` rows)."""
-        return sum(L.bytes_per_token() * (min(tokens, L.window - 1) if L.window else tokens)
-                   for L in self.layout)
+        return self.state_bytes() + sum(
+            L.bytes_per_token() * (min(tokens, L.window - 1) if L.window else tokens)
+            for L in self.layout)
+
+    def state_bytes(self) -> int:
+        """The state one sequence holds whatever its length: its linear-attention and SSM
+        layers' convolution and recurrent states (0 for a key/value cache)."""
+        return sum(L.state_bytes() for L in self.layout)
 
     def bytes_per_token(self) -> dict[str, int]:
         """Cache bytes per token per kind of layer (``full``, ``window``), all layers."""
         out: dict[str, int] = {}
         for L in self.layout:
-            out[L.kind] = out.get(L.kind, 0) + L.bytes_per_token()
+            if L.kind != "state":
+                out[L.kind] = out.get(L.kind, 0) + L.bytes_per_token()
         return out
 
     def kv_steps(self, start: int, count: int) -> int:
@@ -57,7 +75,7 @@ class Memory:
         cache a sequence holds over ``count`` consecutive steps of one new token each."""
         if count <= 0:
             return 0
-        total = 0
+        total = count * self.state_bytes()
         last = start + count - 1
         for L in self.layout:
             cap = L.window - 1 if L.window else last

@@ -50,9 +50,16 @@ def load_config(spec: str):
     if not kind:
         raise StepError(f"{path}: no model_type")
     try:
-        cfg = AutoConfig.for_model(kind, **data)
+        cls = type(AutoConfig.for_model(kind))
     except ValueError as e:
         raise StepError(f"{path}: {e}") from None
+    try:
+        # the config class's own reader: it decodes what its writer encodes (a tuple, an
+        # infinite float as {"__float__": "Infinity"}: Mamba 2's time_step_limit)
+        cfg = cls.from_json_file(path)
+    except Exception as e:  # noqa: BLE001 - one line for the user
+        from ..frontends.loading import oneline
+        raise StepError(f"{path}: {cls.__name__} does not read it: {oneline(e)}") from None
     return cfg, data
 
 

@@ -121,8 +121,8 @@ def as_seqs(seqs) -> list[Seq]:
 SMALL = 3
 
 
-def _kind(new: int, ctx: int) -> str:
-    n_var, c_var = new >= SMALL, ctx >= SMALL
+def _kind(new: int, ctx: int, small: int = SMALL) -> str:
+    n_var, c_var = new >= small, ctx >= small
     if n_var and c_var:
         return "extend"
     if n_var:
@@ -132,7 +132,8 @@ def _kind(new: int, ctx: int) -> str:
     return "one" if (new, ctx) == (1, 0) else f"{new}@{ctx}"
 
 
-def region_of(new: int, ctx: int, windows: tuple[int, ...], tokens: tuple[int, ...] = ()) -> tuple:
+def region_of(new: int, ctx: int, windows: tuple[int, ...], tokens: tuple[int, ...] = (),
+              chunk: int | None = None, small: int = SMALL) -> tuple:
     """The region of ``(new, ctx)``: its kind, per window which side of the window the
     cache and the mask are on, and per token threshold (a mixture of experts' ``E / k``
     tokens, from which on every expert is hit) which side ``new`` is on. Kinds: ``prefill``
@@ -144,30 +145,68 @@ def region_of(new: int, ctx: int, windows: tuple[int, ...], tokens: tuple[int, .
     >>> region_of(1, 0, ()), region_of(3, 0, (), (16,)), region_of(2, 9, ())[0]
     (('one', (), ()), ('prefill', (), ('below',)), '2@c')
     """
-    kind = _kind(new, ctx)
+    kind = _kind(new, ctx, small)
     cuts = tuple("past" if ctx >= w - 1 and ctx > 0 else "within" if ctx + new <= w
                  else "across" for w in windows)
-    return kind, cuts, tuple("below" if new < t else "above" for t in tokens)
+    key = kind, cuts, tuple("below" if new < t else "above" for t in tokens)
+    if chunk:
+        key += (chunk_side(new, chunk),)
+    return key
 
 
-_N = ((0, 0), (1, 0), (2, 0))          # a polynomial in new
-_C = ((0, 0), (0, 1), (0, 2))          # in ctx
-_NC = ((0, 0), (1, 0), (0, 1), (2, 0), (1, 1), (0, 2))
+def chunk_side(new: int, chunk: int) -> str:
+    """Where ``new`` tokens stand against a layer that pads them to whole chunks of
+    ``chunk``: ``part`` (less than one chunk: the chunk dim is 1 and the padded rows are
+    whole rows, which the passes drop), ``one`` (exactly one chunk), ``whole`` (two or more
+    whole chunks: no padding at all, so no padding operators) or ``chunks`` (more than one chunk, the last one padded). Within
+    ``chunks`` the counts are polynomials in ``new``, ``ctx`` and ``q = ceil(new / chunk)``.
+
+    >>> [chunk_side(n, 64) for n in (5, 63, 64, 65, 128, 200)]
+    ['part', 'part', 'one', 'chunks', 'whole', 'chunks']
+    """
+    if new == chunk:
+        return "one"
+    return "whole" if new % chunk == 0 else "part" if new < chunk else "chunks"
 
 
-def _monomials_of(kind: str) -> tuple[tuple[int, int], ...]:
+_N = ((0, 0, 0), (1, 0, 0), (2, 0, 0))          # a polynomial in new
+_C = ((0, 0, 0), (0, 1, 0), (0, 2, 0))          # in ctx
+_NC = ((0, 0, 0), (1, 0, 0), (0, 1, 0), (2, 0, 0), (1, 1, 0), (0, 2, 0))
+# with a chunked layer (a chunk of C tokens), also in the chunks q = ceil(new / C)
+_NQ = _N + ((0, 0, 1), (1, 0, 1), (0, 0, 2))
+_NCQ = _NC + ((0, 0, 1), (1, 0, 1), (0, 1, 1), (0, 0, 2))
+
+
+def _monomials_of(key, chunked: bool = False) -> tuple[tuple[int, int, int], ...]:
+    """The exponents ``(i, j, k)`` of ``new**i * ctx**j * q**k`` of a region (its key, or
+    its kind with ``chunked``), ``q = ceil(new / C)`` the chunks of a layer that pads its
+    tokens to whole chunks of ``C``: a variable where the key's chunk side is ``chunks``;
+    where it is ``one`` (exactly one chunk) ``new`` is fixed."""
+    kind, side = (key, "chunks" if chunked else None) if isinstance(key, str) else \
+        (key[0], key[3] if len(key) > 3 else None)
+    q = side == "chunks"
     if kind == "extend":
-        return _NC
-    if kind == "prefill" or kind.startswith("n@"):
-        return _N
-    if kind == "decode" or kind.endswith("@c"):
-        return _C
-    return ((0, 0),)
+        mons = _NCQ if q else _NC
+    elif kind == "prefill" or kind.startswith("n@"):
+        mons = _NQ if q else _N
+    elif kind == "decode" or kind.endswith("@c"):
+        mons = _C
+    else:
+        mons = ((0, 0, 0),)
+    return tuple(e for e in mons if e[0] == 0) if side == "one" else mons
 
 
-def monomials(kind: str, new: int, ctx: int) -> list[int]:
-    """The region's monomials ``new**i * ctx**j`` at one point."""
-    return [new ** i * ctx ** j for i, j in _monomials_of(kind)]
+def monomials(key, new: int, ctx: int, chunk: int | None = None) -> list[int]:
+    """The region's monomials ``new**i * ctx**j * q**k`` at one point (``q``: the chunks
+    of ``chunk`` tokens that ``new`` fills, where the region has that variable); ``key``:
+    a region key, or a kind (then with ``q`` whenever ``chunk`` is given).
+
+    >>> monomials("extend", 5, 7), monomials("prefill", 100, 0, chunk=64)
+    ([1, 5, 7, 25, 35, 49], [1, 100, 10000, 2, 200, 4])
+    """
+    q = -(-new // chunk) if chunk else 0
+    return [new ** i * ctx ** j * q ** k
+            for i, j, k in _monomials_of(key, isinstance(key, str) and bool(chunk))]
 
 
 def _rank(rows: list[list[int]]) -> int:
@@ -225,12 +264,27 @@ class CacheLayer:
     key_dtype: str
     value_dtype: str
     window: int | None = None
+    #: a linear-attention or SSM layer's state, one entry per state tensor: ``(what, index,
+    #: shape, dtype)`` with ``what`` ``"conv"`` (the causal convolution's last inputs) or
+    #: ``"recurrent"`` (the recurrence's state), the shape without the batch dim. A
+    #: sequence holds it whatever its length (``state_bytes``); a layer of kind ``state``
+    #: keeps no key/value rows, a ``full`` or ``window`` layer with states keeps both
+    states: tuple = ()
 
     def bytes_per_token(self) -> int:
         import math
         import torch
+        if self.kind == "state":
+            return 0
         return (math.prod(self.key) * getattr(torch, self.key_dtype).itemsize
                 + math.prod(self.value) * getattr(torch, self.value_dtype).itemsize)
+
+    def state_bytes(self) -> int:
+        """The bytes of one sequence's state in this layer (0 for a key/value layer)."""
+        import math
+        import torch
+        return sum(math.prod(shape) * getattr(torch, dt).itemsize
+                   for _, _, shape, dt in self.states)
 
 
 def _text_config(model):
@@ -248,6 +302,7 @@ def cache_layout(model, kv_dtype: str | None = None) -> list[CacheLayer]:
         from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
     except ImportError as e:                      # pragma: no cover - transformers is a dependency
         raise StepError(f"serving steps need transformers ({e})") from None
+    state_kinds = _state_layer_classes()
     name = type(model).__name__
     params = inspect.signature(model.forward).parameters
     if getattr(model, "config", None) is None or not ({"cache", "past_key_values"} & set(params)):
@@ -255,14 +310,16 @@ def cache_layout(model, kv_dtype: str | None = None) -> list[CacheLayer]:
                         f"LM whose forward takes past_key_values (or cache)")
     cache = DynamicCache(config=model.config)
     unsupported = [(i, type(l).__name__) for i, l in enumerate(cache.layers)
-                   if type(l) not in (DynamicLayer, DynamicSlidingWindowLayer)]
+                   if type(l) not in (DynamicLayer, DynamicSlidingWindowLayer)
+                   and not isinstance(l, state_kinds)]
     if kv_dtype == "fp8":
         from .quantize import fp8_cache
         fp8_cache(cache)
     if unsupported:
         i, kind = unsupported[0]
-        raise StepError(f"{name}: cache layer {i} is a {kind} (state or quantized rows); a "
-                        f"step reads full and sliding-window key/value layers only so far")
+        raise StepError(f"{name}: cache layer {i} is a {kind} (quantized rows); a step "
+                        f"reads full and sliding-window key/value layers and linear-attention "
+                        f"and SSM state layers only so far")
     ids = torch.zeros(1, 1, dtype=torch.long, device="meta")
     from ..frontends.torch.capture import _traceable_experts
     with torch.device("meta"), torch.no_grad():
@@ -270,14 +327,84 @@ def cache_layout(model, kv_dtype: str | None = None) -> list[CacheLayer]:
         with _traceable_experts(meta):        # static-size expert dispatch (no values)
             meta(input_ids=ids, **cache_kw(meta, cache), use_cache=True)
     out = []
-    for layer in cache.layers:
-        k, v = layer.keys, layer.values
+    for i, layer in enumerate(cache.layers):
+        states = _states_of(layer) if isinstance(layer, state_kinds) else ()
+        if isinstance(layer, state_kinds) and not states:
+            raise StepError(f"{name}: cache layer {i} ({type(layer).__name__}) holds no state "
+                            f"after a one-token forward: its layer does not use the cache")
+        k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if k is None:                        # a linear-attention or SSM layer: state only
+            out.append(CacheLayer("state", (), (), "", "", None, states))
+            continue
         w = getattr(layer, "sliding_window", None)
         out.append(CacheLayer("window" if w else "full", tuple(k.shape[1:2]) + tuple(k.shape[3:]),
                               tuple(v.shape[1:2]) + tuple(v.shape[3:]),
                               str(k.dtype).removeprefix("torch."),
-                              str(v.dtype).removeprefix("torch."), w))
+                              str(v.dtype).removeprefix("torch."), w, states))
     return out
+
+
+def _state_layer_classes() -> tuple:
+    """transformers' linear-attention cache layers (state per sequence; transformers 5.25
+    on), empty before."""
+    try:
+        from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    except ImportError:                      # pragma: no cover - older transformers
+        return ()
+    return (LinearAttentionCacheLayerMixin,)
+
+
+def _states_of(layer) -> tuple:
+    """A linear-attention cache layer's state tensors after a forward: ``(what, index,
+    shape without the batch dim, dtype)`` per conv and recurrent state it holds."""
+    out = []
+    for what, states in (("conv", layer.conv_states), ("recurrent", layer.recurrent_states)):
+        for idx, t in sorted(states.items()):
+            if t is None:
+                continue
+            if not hasattr(t, "shape"):
+                raise StepError(f"cache layer {type(layer).__name__}: its {what} state {idx} is "
+                                f"a {type(t).__name__}, not a tensor")
+            out.append((what, idx, tuple(t.shape[1:]), str(t.dtype).removeprefix("torch.")))
+    return tuple(out)
+
+
+def _fill_state(layer, what: str, idx: int, t, ctx: int) -> None:
+    """Set one state of a linear-attention cache layer as after ``ctx`` tokens: the tensor
+    ``t`` (a step input), the layer's flags and its token count."""
+    import torch
+    if what == "conv":
+        layer.conv_states[idx] = t
+        layer.is_conv_states_initialized[idx] = True
+        layer.conv_kernel_size[idx] = t.shape[-1]
+    else:
+        layer.recurrent_states[idx] = t
+        layer.is_recurrent_states_initialized[idx] = True
+    layer.has_previous_state[idx] = True
+    if layer.device is None:
+        layer.device, layer.dtype = t.device, t.dtype
+    layer.cumulative_length_linear = torch.tensor(ctx, dtype=torch.long, device=t.device)
+
+
+def _chunk_size(model) -> int | None:
+    """The tokens per chunk of a model whose state layers pad a prefill to whole chunks (a
+    chunked SSM or linear-attention scan): the config's ``chunk_size`` (Mamba 2's family),
+    else the one default ``chunk_size`` of the modeling module's own chunked functions
+    (Qwen3-Next's gated delta rule pads to 64). None if neither is there: the regions
+    are then checked far past the sampled points, and a model that chunks anyway is
+    refused there, never fitted."""
+    cfg = _text_config(model)
+    for name in ("chunk_size", "mamba_chunk_size", "ssm_chunk_size"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 1:
+            return v
+    mod = sys.modules.get(type(model).__module__)
+    try:
+        src = inspect.getsource(mod) if mod else ""
+    except (OSError, TypeError):
+        src = ""
+    found = {int(v) for v in re.findall(r"\bchunk_size\s*(?::\s*int\s*)?=\s*(\d+)", src)}
+    return found.pop() if len(found) == 1 and min(found | {2}) > 1 else None
 
 
 def _on_meta(model):
@@ -328,6 +455,13 @@ def _signature(layer, i: int, cfg, cache: CacheLayer) -> tuple:
             types[i] if types and i < len(types) else None, cache)
 
 
+def _derived(cfg, name: str) -> bool:
+    """Whether the config computes ``name`` (a property without a setter: Mamba 2's
+    ``layer_types``, from its layer count) instead of holding it."""
+    prop = getattr(type(cfg), name, None)
+    return isinstance(prop, property) and prop.fset is None
+
+
 class _keep_layers:
     """Within the block, ``model`` runs only the decoder layers ``keep`` (None: all): the
     layer list, the config's layer count and layer types, and each kept layer's
@@ -343,7 +477,8 @@ class _keep_layers:
         parent, attr, layers = self.stack
         cfgs = {id(c): c for c in (self.model.config, _text_config(self.model))}.values()
         self.saved = [(parent, attr, layers)]
-        self.cfg_saved = [(c, c.num_hidden_layers, getattr(c, "layer_types", None))
+        self.cfg_saved = [(c, c.num_hidden_layers,
+                           None if _derived(c, "layer_types") else getattr(c, "layer_types", None))
                           for c in cfgs]
         self.idx_saved = []
         setattr(parent, attr, torch.nn.ModuleList([layers[i] for i in self.keep]))
@@ -408,9 +543,13 @@ class _Sequences:
                         from .quantize import fp8_cache
                         fp8_cache(cache)
                     if s.ctx:
-                        for li in range(len(layout)):
-                            cache.update(flat[i], flat[i + 1], li)
-                            i += 2
+                        for li, L in enumerate(layout):
+                            if L.kind != "state":
+                                cache.update(flat[i], flat[i + 1], li)
+                                i += 2
+                            for what, idx, _, _ in L.states:
+                                _fill_state(cache.layers[li], what, idx, flat[i], s.ctx)
+                                i += 1
                     kw = {"logits_to_keep": 1} if keep else {}
                     outs.append(self.m(input_ids=ids, **cache_kw(self.m, cache),
                                        use_cache=True, **kw).logits)
@@ -435,11 +574,17 @@ class _Sequences:
                         torch.zeros(1, s.new, dtype=torch.long, device=dev))
             if s.ctx:
                 for L in self.layout:
-                    for shape, dt in ((L.key, L.key_dtype), (L.value, L.value_dtype)):
+                    rows = ((L.key, L.key_dtype), (L.value, L.value_dtype)) \
+                        if L.kind != "state" else ()
+                    for shape, dt in rows:
                         full = (1, shape[0], s.ctx, *shape[1:])
                         dtype = getattr(torch, dt)
                         flat.append(torch.randn(full, generator=g).to(dtype) if real else
                                     torch.zeros(full, dtype=dtype, device=dev))
+                    for _, _, shape, dt in L.states:      # the state after ctx tokens
+                        dtype = getattr(torch, dt)
+                        flat.append(torch.randn((1, *shape), generator=g).to(dtype) if real
+                                    else torch.zeros((1, *shape), dtype=dtype, device=dev))
         return flat
 
 
@@ -534,6 +679,7 @@ class Region:
     coef: dict[str, list[Fraction]]
     exact: bool = True
     seconds: float = 0.0
+    chunk: int | None = None       # the chunk size of a chunked layer (monomials in q)
 
     def matrix(self):
         """``(names, F)``: the coefficients as a float matrix (components x monomials), for
@@ -545,7 +691,7 @@ class Region:
         return self._matrix
 
     def at(self, new: int, ctx: int) -> dict[str, Fraction]:
-        m = monomials(self.key[0], new, ctx)
+        m = monomials(self.key, new, ctx, self.chunk)
         return {c: sum(a * x for a, x in zip(cs, m)) for c, cs in self.coef.items()}
 
 
@@ -600,6 +746,13 @@ class StepModel:
             + (" (every token's logits)" if self.logits == "all" else "") \
             + (" FP8" if self.weights == "fp8" else "") \
             + (" FP8 KV" if self.kv_dtype == "fp8" else "")
+        self.stateful = any(L.states for L in self.layout)
+        self.chunk = _chunk_size(self.model) if self.stateful else None
+        # a causal convolution of K taps over fewer than K new tokens reads only the taps
+        # that reach them: below K each count of tokens is a class of its own
+        self.small = max([SMALL] + [shape[-1] for L in self.layout
+                                    for what, _, shape, _ in L.states if what == "conv"])
+
         self._stack = _layer_stack(self.model, len(self.layout))
         self._signatures = ([_signature(layer, i, cfg, self.layout[i])
                              for i, layer in enumerate(self._stack[2])]
@@ -740,6 +893,16 @@ class StepModel:
             return [(None, 1)]      # a trace costs about two layers: the whole model is cheaper
         return [(s0, rest)] + out
 
+    def chunk_of(self, key: tuple) -> int | None:
+        """The chunk size whose chunks ``q`` are a variable of region ``key``: the model's
+        chunk where the region has more than one chunk of new tokens, else None."""
+        return self.chunk if self.chunk and key[-1] == "chunks" else None
+
+    def key(self, new: int, ctx: int) -> tuple:
+        """The region of ``new@ctx`` for this model (:func:`region_of` over its windows,
+        expert thresholds and chunk)."""
+        return region_of(new, ctx, self.windows, self.thresholds, self.chunk, self.small)
+
     def region(self, key: tuple) -> Region:
         """The solved region ``key`` (see :func:`region_of`), traced on first use."""
         r = self.regions.get(key)
@@ -749,24 +912,28 @@ class StepModel:
 
     def _points(self, key: tuple, count: int) -> list[tuple[int, int]]:
         kind = key[0]
-        mons = _monomials_of(kind)
+        mons = _monomials_of(key)
+        one_chunk = len(key) > 3 and key[3] == "one"       # new is the chunk size
         if len(mons) == 1:                            # a point: its own class
+            if one_chunk and kind in ("prefill", "extend"):
+                return [(self.chunk, 0)] if kind == "prefill" else []
             n, c = (1, 0) if kind == "one" else map(int, kind.split("@"))
             return [(n, c)]
         rng = random.Random(zlib.crc32(repr((self.seed,) + key).encode()))   # stable across runs
         span = max(self.windows, default=0)
-        hi_n, hi_c = max(span, *self.thresholds, 0) + 48, 2 * span + 48
+        hi_n, hi_c = max(span, *self.thresholds, 5 * (self.chunk or 0), 0) + 48, 2 * span + 48
         if self.max_positions:
             hi_n, hi_c = min(hi_n, self.max_positions), min(hi_c, self.max_positions - 1)
         pts: list[tuple[int, int]] = []
         for _ in range(200000):
-            n = rng.randint(SMALL, max(hi_n, SMALL + 8)) if (1, 0) in mons \
-                else 1 if kind == "decode" else int(kind.split("@")[0])
-            c = rng.randint(SMALL, max(hi_c, SMALL + 8)) if (0, 1) in mons \
+            n = rng.randint(self.small, max(hi_n, self.small + 8)) if (1, 0, 0) in mons \
+                else self.chunk if one_chunk else 1 if kind == "decode" \
+                else int(kind.split("@")[0])
+            c = rng.randint(self.small, max(hi_c, self.small + 8)) if (0, 1, 0) in mons \
                 else 0 if kind == "prefill" else int(kind.split("@")[1])
             if self.max_positions and n + c > self.max_positions:
                 continue
-            if region_of(n, c, self.windows, self.thresholds) == key and (n, c) not in pts:
+            if self.key(n, c) == key and (n, c) not in pts:
                 pts.append((n, c))
                 if len(pts) == count:
                     return pts
@@ -777,12 +944,13 @@ class StepModel:
 
     def _solve_region(self, key: tuple) -> Region:
         t0 = time.perf_counter()
-        k = len(_monomials_of(key[0]))
+        chunk = self.chunk_of(key)
+        k = len(_monomials_of(key))
         pts = self._points(key, k + 4)
         # k points whose monomials are independent, then one more to check the solution
         chosen: list[tuple[int, int]] = []
         for p in pts:
-            if _rank([monomials(key[0], *q) for q in chosen + [p]]) == len(chosen) + 1:
+            if _rank([monomials(key, *q, chunk) for q in chosen + [p]]) == len(chosen) + 1:
                 chosen.append(p)
                 if len(chosen) == k:
                     break
@@ -796,29 +964,54 @@ class StepModel:
             exact &= e
         names = sorted(set().union(*values))
         rhs = [[v.get(c, 0) for c in names] for v in values]
-        sol = _solve([monomials(key[0], *p) for p in chosen], rhs)
+        sol = _solve([monomials(key, *p, chunk) for p in chosen], rhs)
         coef = {c: [sol[i][j] for i in range(k)] for j, c in enumerate(names)}
-        r = Region(key, chosen + ([check] if check else []), coef, exact)
+        r = Region(key, chosen + ([check] if check else []), coef, exact, chunk=chunk)
         if check is None:                     # a region of one point: traced, nothing to solve
             r.seconds = time.perf_counter() - t0
             return r
-        got, e = self._probe(*check)
-        r.exact = exact and e
-        want = r.at(*check)
-        for c in sorted(set(got) | set(want)):
-            if got.get(c, 0) != want.get(c, 0):
-                raise StepError(
-                    f"{self.name}: {c} at {check[0]}@{check[1]} is {got.get(c, 0):,}, not the "
-                    f"{float(want.get(c, 0)):,.0f} a degree-2 polynomial through the region's "
-                    f"other points gives (region {key}): its counts are not of the form a step "
-                    f"model evaluates; analyze compositions with StepModel.trace")
+        checks = [check] + ([self._far_point(key, check)] if self.stateful else [])
+        for point in filter(None, checks):
+            got, e = self._probe(*point)
+            r.exact = r.exact and exact and e
+            want = r.at(*point)
+            sizes = self.sizes()
+            for c in sorted(set(got) | set(want)):
+                g, w = got.get(c, 0), want.get(c, 0)
+                if c.startswith("read:"):    # a step reads at most the whole tensor
+                    g, w = min(g, sizes[c[5:]]), min(w, sizes[c[5:]])
+                if g != w:
+                    raise StepError(
+                        f"{self.name}: {c} at {point[0]}@{point[1]} is {got.get(c, 0):,}, not "
+                        f"the {float(want.get(c, 0)):,.0f} a degree-2 polynomial through the "
+                        f"region's other points gives (region {key}"
+                        + (f", chunks of {self.chunk}" if self.chunk else "") + "): its counts "
+                        f"are not of the form a step model evaluates; analyze compositions "
+                        f"with StepModel.trace")
+        if checks[1:] and checks[1]:
+            r.points.append(checks[1])
         r.seconds = time.perf_counter() - t0
         return r
+
+    def _far_point(self, key: tuple, near: tuple[int, int]) -> tuple[int, int] | None:
+        """A point of region ``key`` with ``new`` well past the sampled range (several
+        chunks of a chunked layer, or 320 tokens where no chunk size was read): a model with
+        state layers may pad or chunk its tokens in ways the sampled points do not show, so
+        its regions are checked there too. None where ``new`` is fixed in the region."""
+        if (1, 0, 0) not in _monomials_of(key):
+            return None
+        base = 5 * self.chunk + 3 if self.chunk else 320
+        for n in (base, base // 2 + 1, base // 4 + 2):
+            if self.max_positions and n + near[1] > self.max_positions:
+                continue
+            if self.key(n, near[1]) == key:
+                return (n, near[1])
+        return None
 
     def warm(self, seqs) -> "StepModel":
         """Read every region ``seqs`` touches now (tracing), not at the first bound."""
         for s in self.check(seqs):
-            self.region(region_of(s.new, s.ctx, self.windows, self.thresholds))
+            self.region(self.key(s.new, s.ctx))
         return self
 
     # -- evaluation ------------------------------------------------------------
@@ -837,10 +1030,9 @@ class StepModel:
     def _sums(self, seqs: list[Seq]) -> dict[tuple, list[int]]:
         """Per region, the sums of its monomials over the sequences in it."""
         sums: dict[tuple, list[int]] = {}
-        windows, thresholds = self.windows, self.thresholds
         for s in seqs:
-            key = region_of(s.new, s.ctx, windows, thresholds)
-            m = monomials(key[0], s.new, s.ctx)
+            key = self.key(s.new, s.ctx)
+            m = monomials(key, s.new, s.ctx, self.chunk)
             acc = sums.get(key)
             if acc is None:
                 sums[key] = m
@@ -871,14 +1063,14 @@ class StepModel:
         ``ctx`` in ``[first, last]`` (a request's decode steps), in closed form: the range
         is cut where a window's side changes (``ctx = w - 1``)."""
         out: dict[tuple, list[int]] = {}
-        bounds = {w - 1 for w in self.windows} | set(range(1, SMALL + 1))
+        bounds = {w - 1 for w in self.windows} | set(range(1, self.small + 1))
         cuts = sorted(b for b in bounds if first < b <= last)
         for a, b in zip([first] + cuts, cuts + [last + 1]):
             if b <= a:
                 continue
-            key = region_of(1, a, self.windows, self.thresholds)
+            key = self.key(1, a)
             n = b - a
-            if len(_monomials_of(key[0])) == 1:        # a class of one ctx
+            if len(_monomials_of(key)) == 1:        # a class of one ctx
                 acc = out.setdefault(key, [0])
                 acc[0] += n
                 continue
@@ -925,7 +1117,7 @@ class StepModel:
     def least_reads(self) -> dict[str, Fraction]:
         """The bytes a one-token decode (``1@1``) reads of each shared tensor: what every
         step reads of it at least (a step computes at least one token)."""
-        probe = self.region(region_of(1, 1, self.windows, self.thresholds)).at(1, 1)
+        probe = self.region(self.key(1, 1)).at(1, 1)
         return {c[5:]: v for c, v in probe.items() if c.startswith("read:")}
 
     def whole_reads(self) -> set[str]:

@@ -132,10 +132,10 @@ def _tables(sm, n: int, prefill, decode):
     import numpy as np
     rows: dict[tuple, tuple[list, list]] = {}
     for i, (new, ctx) in enumerate(prefill):
-        key = region_of(new, ctx, sm.windows, sm.thresholds)
+        key = sm.key(new, ctx)
         idx, mon = rows.setdefault(("p", key), ([], []))
         idx.append(i)
-        mon.append(monomials(key[0], new, ctx))
+        mon.append(monomials(key, new, ctx, sm.chunk))
     for i, rng in enumerate(decode):
         if rng is None:
             continue
@@ -162,7 +162,7 @@ def chunking_check(sm, prompts: list[tuple[int, int]], budget: int) -> list[str]
     cache reads and logits). Returns where it fails (a model whose counted work falls with
     chunking, such as an attention computed dense under a mask)."""
     def piece(new, ctx):
-        return sm.region(region_of(new, ctx, sm.windows, sm.thresholds)).at(new, ctx)
+        return sm.region(sm.key(new, ctx)).at(new, ctx)
     bad = []
     for new, ctx in prompts:
         for cut in sorted({new // 2, min(budget, new - 1)}):
@@ -326,6 +326,7 @@ def bounds_on(pl: _Plan, spec: Spec, memory: Memory, limits: Limits,
         "memory": {"capacity_bytes": memory.capacity, "fraction": memory.fraction,
                    "weights_bytes": memory.weights, "kv_free_bytes": memory.free,
                    "kv_bytes_per_token": memory.bytes_per_token(),
+                   "state_bytes_per_sequence": memory.state_bytes(),
                    "fits_sequences_of_longest": memory.max_sequences(longest),
                    "longest_tokens": longest},
         "price_per_hour": price,        # the replica's: tp chips

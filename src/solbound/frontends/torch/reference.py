@@ -53,8 +53,10 @@ def _resolve(model, target: str):
 
 def _feeds(lowered, inputs: tuple, state_of) -> dict[str, np.ndarray]:
     """The IR's external tensors by name: user inputs, then state (``state_of(target)``)."""
-    feeds = {spec["ir"]: _to_np(val) for spec, val in zip(lowered.inputs, inputs)
-             if spec.get("ir")}
+    # copies: the model may update an input in place (a cache's state), and the IR must
+    # read the values from before the call
+    feeds = {spec["ir"]: np.array(_to_np(val), copy=True)
+             for spec, val in zip(lowered.inputs, inputs) if spec.get("ir")}
     for s in lowered.state:
         if s.get("stacked"):     # one tensor per layer of a rerolled stack
             feeds[s["ir"]] = np.stack([_to_np(state_of(t)) for t in s["target"]])
