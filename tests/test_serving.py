@@ -597,3 +597,50 @@ def test_hybrid_attention_and_state_layers_serve(tmp_path, capsys):
     # Mamba layer: conv (64, 4) and state (64, 8), fp32; attention layer: 2 x 2 x 8 fp32
     assert mem["state_bytes_per_sequence"] == (64 * 4 + 64 * 8) * 4
     assert mem["kv_bytes_per_token"] == {"full": 2 * 2 * 8 * 4}
+
+
+@pytest.mark.xdist_group("serving_state")
+def test_a_config_file_its_own_class_reads(tmp_path):
+    """Mamba 2's config writes ``time_step_limit`` with an infinite float its own reader
+    decodes, and computes ``layer_types`` from the layer count (no setter): a step reads
+    the file, and the shallow traces keep a layer without setting it. Eight layers count
+    as the traces of one and two say: the second layer's counts six times more."""
+    from transformers import Mamba2Config
+    from solbound.serving.models import load_model
+    cfg = Mamba2Config(vocab_size=256, hidden_size=32, num_hidden_layers=8, num_heads=4,
+                       head_dim=16, state_size=8, n_groups=1, chunk_size=8, expand=2)
+    path = tmp_path / "mamba2.json"
+    cfg.to_json_file(str(path))
+    assert "Infinity" in path.read_text()
+    sm = StepModel(load_model(str(path), dtype="float32"))
+    assert sm._depths()[0][0] == [0] and len(sm.layout) == 8
+    deep = StepModel(_mamba2())          # two layers, traced whole
+    assert sm.counts("1@2").macs == deep.counts("1@2").macs + 6 * (
+        deep.counts("1@2").macs - StepModel(_mamba2_layers(1)).counts("1@2").macs)
+
+
+def _mamba2_layers(n):
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+    return Mamba2ForCausalLM(Mamba2Config(vocab_size=256, hidden_size=32, num_hidden_layers=n,
+                                          num_heads=4, head_dim=16, state_size=8, n_groups=1,
+                                          chunk_size=8, expand=2)).eval()
+
+
+@pytest.mark.xdist_group("serving_state")
+def test_transformers_quantized_fp8_cache(tmp_path):
+    """transformers' own ``QuantizedCache(backend="fp8")``: e4m3 rows (one byte an element)
+    and a float32 scale per tensor, a key and a value scale a layer a sequence; a step's
+    counts from its regions equal a direct trace, which validates."""
+    sm = StepModel(_llama(layers=2), kv_dtype="quantized-fp8")
+    scales = (("scale", 0, (), "float32"), ("scale", 1, (), "float32"))
+    assert [(L.key, L.key_dtype, L.states) for L in sm.layout] == \
+        [((KV, HD), "float8_e4m3fn", scales)] * 2
+    mem = memory_of(sm, load_spec("h100-sxm"), 0.5)
+    assert mem.kv_bytes(100) == 2 * (2 * KV * HD * 100 + 8)
+    got = sm.counts("1@5,1@40")
+    rep = sm.trace("1@5,1@40", arch="h100-sxm", modes=("fused",), validate=True)
+    assert rep.validation["status"] == "passed"
+    assert (got.macs, got.bytes) == (rep.counts.macs, rep.counts.fused.bytes)
+    # Mistral's window layers are refused by transformers' own class, in one line
+    with pytest.raises(StepError, match="QuantizedCache.*only supported .* full attention"):
+        StepModel(_llama(layers=1, window=16), kv_dtype="quantized-fp8")

@@ -1431,8 +1431,10 @@ def _serving_args(p: argparse.ArgumentParser, tp: bool = True) -> None:
                    help="fp8: the linear layers as an FP8 engine runs them (e4m3 weights with a "
                         "scale per row, activations quantized per token, the product on FP8 "
                         "tensor cores; the LM head kept)")
-    p.add_argument("--kv-dtype", choices=("fp8",), default=None,
-                   help="fp8: the cache stores e4m3 rows (vLLM's --kv-cache-dtype fp8)")
+    p.add_argument("--kv-dtype", choices=("fp8", "quantized-fp8"), default=None,
+                   help="fp8: the cache stores e4m3 rows (vLLM's --kv-cache-dtype fp8); "
+                        "quantized-fp8: transformers' QuantizedCache(backend='fp8'), e4m3 "
+                        "rows with a per-tensor scale, dequantized whole each step")
     p.add_argument("--json", metavar="PATH", help="write the JSON (- for stdout)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.add_argument("--price", default=None, metavar="[ARCH=]USD",

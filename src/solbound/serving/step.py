@@ -312,9 +312,7 @@ def cache_layout(model, kv_dtype: str | None = None) -> list[CacheLayer]:
     unsupported = [(i, type(l).__name__) for i, l in enumerate(cache.layers)
                    if type(l) not in (DynamicLayer, DynamicSlidingWindowLayer)
                    and not isinstance(l, state_kinds)]
-    if kv_dtype == "fp8":
-        from .quantize import fp8_cache
-        fp8_cache(cache)
+    cache = new_cache(model.config, kv_dtype)
     if unsupported:
         i, kind = unsupported[0]
         raise StepError(f"{name}: cache layer {i} is a {kind} (quantized rows); a step "
@@ -333,6 +331,10 @@ def cache_layout(model, kv_dtype: str | None = None) -> list[CacheLayer]:
             raise StepError(f"{name}: cache layer {i} ({type(layer).__name__}) holds no state "
                             f"after a one-token forward: its layer does not use the cache")
         k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if getattr(layer, "_quantized_keys", None) is not None:    # QuantizedCache (fp8)
+            (k, ks), (v, vs) = layer._quantized_keys, layer._quantized_values
+            states = tuple(("scale", j, tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                           for j, t in enumerate((ks, vs)))
         if k is None:                        # a linear-attention or SSM layer: state only
             out.append(CacheLayer("state", (), (), "", "", None, states))
             continue
@@ -342,6 +344,39 @@ def cache_layout(model, kv_dtype: str | None = None) -> list[CacheLayer]:
                               str(k.dtype).removeprefix("torch."),
                               str(v.dtype).removeprefix("torch."), w, states))
     return out
+
+
+def new_cache(config, kv_dtype: str | None = None):
+    """The cache one sequence's step runs against: the ``DynamicCache`` its config asks
+    for; with ``kv_dtype="fp8"`` storing e4m3 rows (vLLM's FP8 cache, scale 1:
+    ``quantize.fp8_cache``); with ``"quantized-fp8"`` transformers' own
+    ``QuantizedCache(backend="fp8")`` (e4m3 rows with a per-tensor scale frozen at the
+    first update, the whole cache dequantized to the model's dtype each step)."""
+    from transformers import DynamicCache
+    if kv_dtype == "quantized-fp8":
+        from transformers import QuantizedCache
+        try:
+            return QuantizedCache(backend="fp8", config=config)
+        except (ValueError, ImportError) as e:
+            raise StepError(f"transformers' QuantizedCache(backend='fp8'): {e}") from None
+    cache = DynamicCache(config=config)
+    if kv_dtype == "fp8":                  # the engine's FP8 cache (serving/quantize.py)
+        from .quantize import fp8_cache
+        fp8_cache(cache)
+    return cache
+
+
+def _fill_quantized(layer, keys, values, key_scale, value_scale, ctx: int, dtype) -> None:
+    """A transformers FP8 quantized cache layer as after ``ctx`` tokens: its e4m3 rows and
+    per-tensor scales (step inputs), the model's dtype, its token count."""
+    import torch
+    layer.dtype, layer.device = dtype, keys.device
+    layer.keys = torch.tensor([], dtype=dtype, device=keys.device)
+    layer.values = torch.tensor([], dtype=dtype, device=keys.device)
+    layer.is_initialized = True
+    layer._quantized_keys = (keys, key_scale.reshape(()))
+    layer._quantized_values = (values, value_scale.reshape(()))
+    layer.cumulative_length = ctx
 
 
 def _state_layer_classes() -> tuple:
@@ -525,7 +560,8 @@ class _Sequences:
         sharded copy under :meth:`StepModel._rank`)."""
         import torch
         model = self.model if model is None else model
-        layout, keep, fp8 = self.layout, self.keep, self.kv_dtype == "fp8"
+        layout, keep, kv_dtype = self.layout, self.keep, self.kv_dtype
+        quantized = kv_dtype == "quantized-fp8"
 
         class Step(torch.nn.Module):
             def __init__(self):
@@ -533,17 +569,18 @@ class _Sequences:
                 self.m = model
 
             def forward(self, *flat):
-                from transformers import DynamicCache
                 outs, i = [], 0
                 for s in seqs:
                     ids = flat[i]
                     i += 1
-                    cache = DynamicCache(config=self.m.config)
-                    if fp8:                  # the engine's FP8 cache (serving/quantize.py)
-                        from .quantize import fp8_cache
-                        fp8_cache(cache)
+                    cache = new_cache(self.m.config, kv_dtype)
                     if s.ctx:
                         for li, L in enumerate(layout):
+                            if quantized:    # rows and the two scales
+                                _fill_quantized(cache.layers[li], *flat[i:i + 4], s.ctx,
+                                                self.m.dtype)
+                                i += 4
+                                continue
                             if L.kind != "state":
                                 cache.update(flat[i], flat[i + 1], li)
                                 i += 2
@@ -581,8 +618,13 @@ class _Sequences:
                         dtype = getattr(torch, dt)
                         flat.append(torch.randn(full, generator=g).to(dtype) if real else
                                     torch.zeros(full, dtype=dtype, device=dev))
-                    for _, _, shape, dt in L.states:      # the state after ctx tokens
+                    for what, _, shape, dt in L.states:      # the state after ctx tokens
                         dtype = getattr(torch, dt)
+                        if what == "scale":                    # a quantized cache's scale
+                            flat.append((torch.rand((1, *shape), generator=g) + 0.5).to(dtype)
+                                        if real else torch.ones((1, *shape), dtype=dtype,
+                                                                device=dev))
+                            continue
                         flat.append(torch.randn((1, *shape), generator=g).to(dtype) if real
                                     else torch.zeros((1, *shape), dtype=dtype, device=dev))
         return flat
@@ -712,7 +754,8 @@ class StepModel:
     tp: int = 1
     logits: str = "last"
     weights: str | None = None      # "fp8": W8A8 FP8 linears (serving/quantize.py)
-    kv_dtype: str | None = None     # "fp8": the cache stores FP8 rows
+    kv_dtype: str | None = None     # "fp8": the cache stores FP8 rows (vLLM's, scale 1);
+    #                                 "quantized-fp8": transformers' QuantizedCache(backend="fp8")
     layout: list[CacheLayer] = field(init=False)
     windows: tuple[int, ...] = field(init=False)
     regions: dict = field(init=False, default_factory=dict)
@@ -728,8 +771,11 @@ class StepModel:
         if not isinstance(self.tp, int) or self.tp < 1:
             raise StepError(f"tensor-parallel degree {self.tp!r}: expected a positive integer")
         for what, v in (("weights", self.weights), ("kv_dtype", self.kv_dtype)):
-            if v not in (None, "fp8"):
-                raise StepError(f"{what}={v!r}: only 'fp8' (or none: the model's own dtype)")
+            allowed = (None, "fp8", "quantized-fp8") if what == "kv_dtype" else (None, "fp8")
+            if v not in allowed:
+                raise StepError(f"{what}={v!r}: one of "
+                                f"{', '.join(repr(a) for a in allowed[1:])} (or none: the "
+                                f"model's own dtype)")
         if self.weights == "fp8" and self.tp == 1:
             self.model = copy.deepcopy(self.model)
             self._fp8(self.model)
@@ -745,8 +791,9 @@ class StepModel:
         self.name = type(self.model).__name__ + (f" (TP {self.tp})" if self.tp > 1 else "") \
             + (" (every token's logits)" if self.logits == "all" else "") \
             + (" FP8" if self.weights == "fp8" else "") \
-            + (" FP8 KV" if self.kv_dtype == "fp8" else "")
-        self.stateful = any(L.states for L in self.layout)
+            + (" FP8 KV" if self.kv_dtype == "fp8" else "") \
+            + (" QuantizedCache(fp8)" if self.kv_dtype == "quantized-fp8" else "")
+        self.stateful = any(what != "scale" for L in self.layout for what, *_ in L.states)
         self.chunk = _chunk_size(self.model) if self.stateful else None
         # a causal convolution of K taps over fewer than K new tokens reads only the taps
         # that reach them: below K each count of tokens is a class of its own
