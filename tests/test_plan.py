@@ -329,3 +329,22 @@ def test_ulysses_context_parallel_is_all_to_alls_over_heads(profiles, tmp_path):
     assert len(a2a) == 2 * 4                       # a forward and a backward a microbatch
     assert all(a["comm_type"] == ALL_TO_ALL and a["comm_size"] == L * (2 * q + kv) // 2
                for a in a2a)
+
+
+def test_dualpipe_rank_holds_two_stages(profiles):
+    """Under DualPipe rank r holds stages r and p - 1 - r: both stages' parameters (twice
+    the model's over two ranks), p + 1 microbatches' activations, gradients reduced and the
+    optimizer run for both; its bubble is below 1F1B's."""
+    p, spec = profiles[(1, 1)], load_spec("h100-sxm")
+    dual = evaluate(Plan(1, 2, 1, 1, 4, "dualpipe"), p, spec)
+    one = evaluate(Plan(1, 2, 1, 1, 4), p, spec)
+    assert sum(s["macs"] for s in dual["stages"]) == p.model_macs
+    (a, b) = [(s["layers"], s["stage"] == 0, s["stage"] == 1) for s in dual["stages"]]
+    both = p.state_at("parameters", *a) + p.state_at("parameters", *b)
+    assert [s["memory"]["parameters"] for s in dual["stages"]] == [both, both]
+    assert [s["peak_microbatches"] for s in dual["stages"]] == [3, 3]
+    assert dual["bubble_fraction"] < one["bubble_fraction"]
+    assert dual["optimizer_seconds"] == pytest.approx(
+        sum(s["seconds"]["optimizer"] for s in one["stages"]))
+    assert "dualpipe" not in {c.schedule for c in plans(profiles, Search(4, 8))}
+    assert "dualpipe" in {c.schedule for c in plans(profiles, Search(4, 8, ("dualpipe",)))}

@@ -47,6 +47,29 @@ def test_interleaved_bubble(p, m, v):
     assert r.makespan == pytest.approx(m * 3.0 + (p - 1) * 3.0 / v)
 
 
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 20), (6, 12), (8, 16), (8, 64)])
+@pytest.mark.parametrize("f,b,w", [(1, 1, 1), (1, 2, 1), (1.5, 2, 0.5)])
+def test_dualpipe(p, m, f, b, w):
+    """DeepSeek's DualPipe, replayed from its reference order: every rank runs m forwards,
+    input and weight gradients (half the microbatches through each of its two stages), holds
+    p + 1 microbatches' activations at its peak (the paper's table: PP + 1) and idles less
+    than 1F1B over the same stages."""
+    from solbound.schedules.pipeline import dualpipe_order
+    r = simulate("dualpipe", [Stage(f, b, w)] * p, m)
+    for ops in dualpipe_order(p, m):
+        kinds = [k for k, _, _ in ops]
+        assert kinds.count("F") == m and kinds.count("BW") + kinds.count("B") == m
+        assert kinds.count("W") == kinds.count("B")
+        assert sorted(i for k, d, i in ops if k == "F" and d == 0) == list(range(m // 2))
+    assert r.busy == pytest.approx([m * (f + b + w)] * p)
+    assert r.peak_inflight == [p + 1] * p
+    assert [sum(x) for x in r.peak_pair] == r.peak_inflight
+    one = simulate("1f1b", [Stage(f, b, w)] * p, m)
+    assert max(r.busy) <= r.makespan < one.makespan
+    if f == b == w:      # the replay idles (p / 2 - 1) F a rank (1F1B: (p - 1)(F + B + W))
+        assert r.makespan == m * 3 * f + (p // 2 - 1) * f
+
+
 def test_transfers_and_unequal_stages():
     """One microbatch over two stages: F0, send, F1, B1+W1, send, B0+W0; the slowest stage
     sets the steady state."""
@@ -57,8 +80,12 @@ def test_transfers_and_unequal_stages():
 
 
 def test_bad_schedules_are_one_line():
-    with pytest.raises(ScheduleError, match="unknown schedule 'dualpipe'"):
-        simulate("dualpipe", [Stage(1, 1, 1)] * 2, 4)
+    with pytest.raises(ScheduleError, match="unknown schedule 'dualpipe2'"):
+        simulate("dualpipe2", [Stage(1, 1, 1)] * 2, 4)
+    with pytest.raises(ScheduleError, match="dualpipe: 4 ranks and 6 microbatches"):
+        simulate("dualpipe", [Stage(1, 1, 1)] * 4, 6)
+    with pytest.raises(ScheduleError, match="dualpipe: 3 ranks"):
+        simulate("dualpipe", [Stage(1, 1, 1)] * 3, 6)
     with pytest.raises(ScheduleError, match="not a multiple of the 4 stages"):
         simulate("interleaved", [Stage(1, 1, 1)] * 4, 6, chunks=2)
     with pytest.raises(ScheduleError, match="at least 2 chunks"):

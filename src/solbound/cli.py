@@ -255,7 +255,7 @@ def _pipeline(rep, a) -> list[dict]:
     """``--pp``: the traced (one-microbatch) training step split into stages, on each chip,
     with each stage's peak memory under the schedule (``planning.memory``: no data
     parallelism, no recompute)."""
-    from .planning.memory import rank_memory
+    from .planning.memory import schedule_memory
     from .planning.profile import profile_of
     from .schedules.stages import plan, split_layers
     split = None
@@ -271,9 +271,9 @@ def _pipeline(rep, a) -> list[dict]:
     for spec in rep.specs:
         doc = plan(prof.pieces, spec, a.pp, m, a.schedule, chunks, split, prof.hidden_bytes)
         layers = split_layers(prof.layers, a.pp, split)
-        for s, (row, n) in enumerate(zip(doc["stages"], layers)):
-            mem = rank_memory(prof, n, s == 0, s == a.pp - 1, 1, 0, row["peak_microbatches"],
-                              chunks, "none")
+        mems = schedule_memory(prof, [(n, s == 0, s == a.pp - 1) for s, n in enumerate(layers)],
+                               1, 0, doc.pop("result"), chunks, "none")
+        for row, mem in zip(doc["stages"], mems):      # DualPipe: the rank's two stages
             row["peak_memory_bytes"], row["memory"] = mem["total"], mem
         out.append(doc)
     return out
@@ -740,8 +740,9 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--microbatches", type=_positive_int, default=None, metavar="M",
                     help="with --pp: microbatches a step (default 2 x the stages)")
     an.add_argument("--schedule", default="1f1b",
-                    choices=("gpipe", "1f1b", "interleaved", "zb"),
-                    help="with --pp: the pipeline schedule (default 1f1b)")
+                    choices=("gpipe", "1f1b", "interleaved", "zb", "dualpipe"),
+                    help="with --pp: the pipeline schedule (default 1f1b; dualpipe: "
+                         "DeepSeek's bidirectional pipeline, a rank holding two stages)")
     an.add_argument("--chunks", type=_positive_int, default=None, metavar="V",
                     help="with --schedule interleaved: layer chunks a stage (default 2)")
     an.add_argument("--stage-split", default=None, metavar="N,N,...",
@@ -974,8 +975,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="microbatch sizes to consider (default 1; each is traced once a TP "
                          "degree)")
     pl.add_argument("--schedules", default="1f1b,interleaved,zb", metavar="S,...",
-                    help="pipeline schedules to consider (gpipe, 1f1b, interleaved, zb; "
-                         "default 1f1b,interleaved,zb)")
+                    help="pipeline schedules to consider (gpipe, 1f1b, interleaved, zb, "
+                         "dualpipe; default 1f1b,interleaved,zb)")
     pl.add_argument("--dtype", default="bfloat16",
                     help="the parameters' dtype (default bfloat16; AdamW's state follows it)")
     pl.add_argument("--top", type=_positive_int, default=10, help="plans shown (default 10)")
@@ -1187,7 +1188,11 @@ def cmd_plan(a) -> int:
         from .planning.chakra import export
         from .planning.search import Plan
         best = Plan(**doc["plans"][0]["plan"])
-        paths = export(best, profiles[(best.tp, best.microbatch)], spec, a.chakra, search)
+        from .schedules.pipeline import ScheduleError
+        try:
+            paths = export(best, profiles[(best.tp, best.microbatch)], spec, a.chakra, search)
+        except ScheduleError as e:
+            return _err(f"--chakra {best.label()}: {e}")
         doc["chakra"] = {"plan": best.label(), "files": len(paths),
                          "pattern": f"{a.chakra}.RANK.et"}
         if not a.quiet:

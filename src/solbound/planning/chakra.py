@@ -131,6 +131,10 @@ def export(plan, profile, spec, prefix: str, search=None) -> list[str]:
     """Write ``PREFIX.RANK.et`` for every rank of ``plan``; the paths."""
     from .context import ulysses_bytes
     from .search import _stage_parts, rank_profile, replay
+    if plan.schedule == "dualpipe":
+        from ..schedules.pipeline import ScheduleError
+        raise ScheduleError("a Chakra trace of a DualPipe plan is not written yet (a rank "
+                            "holds two stages, sending both ways)")
     Meta, Node, Attr = messages()
     rows, sim, _ = replay(plan, profile, spec, search)
     profile = rank_profile(profile, plan.cp, search.memo if search is not None else {})

@@ -61,3 +61,24 @@ def rank_memory(profile, layers: int, first: bool, last: bool, dp: int, zero: in
         profile.saved.get("loop", 0.0), profile.hidden_bytes)
     out["total"] = sum(out.values())
     return out
+
+
+def schedule_memory(profile, stages: list[tuple[int, bool, bool]], dp: int, zero: int,
+                    result, chunks: int, recompute: str) -> list[dict[str, float]]:
+    """Per rank, the bytes it holds under the schedule ``result``
+    (``schedules.pipeline.Result``) over ``stages`` (``(layers, first, last)`` each): rank
+    ``r`` holds stage ``r`` with its peak of microbatches in flight; under DualPipe it holds
+    stage ``r`` and stage ``p - 1 - r`` (both stages' parameters, gradients and optimizer
+    state) and the microbatches of each at its peak (``Result.peak_pair``)."""
+    p = len(stages)
+
+    def one(s, inflight):
+        layers, first, last = stages[s]
+        return rank_memory(profile, layers, first, last, dp, zero, inflight, chunks, recompute)
+    if result.schedule != "dualpipe":
+        return [one(s, k) for s, k in enumerate(result.peak_inflight)]
+    out = []
+    for r, (a, b) in enumerate(result.peak_pair):
+        m1, m2 = one(r, a), one(p - 1 - r, b)
+        out.append({k: m1[k] + m2[k] for k in m1})
+    return out

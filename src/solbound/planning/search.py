@@ -40,7 +40,7 @@ from ..schedules.pipeline import SCHEDULES, ScheduleError, Stage, simulate
 from ..schedules.stages import Part, split_layers, stage_parts
 from ..serving.capacity import dram_capacity
 from .context import context_parallel, ulysses_bytes
-from .memory import RECOMPUTE, ZERO, rank_memory
+from .memory import RECOMPUTE, ZERO, schedule_memory
 
 
 class PlanError(ValueError):
@@ -218,14 +218,16 @@ def evaluate(plan: Plan, profile, spec, search: Search | None = None,
                         f"mbs{profile.microbatch}")
     rows, sim, p2p = replay(plan, profile, spec, search)
     profile = rank_profile(profile, plan.cp, search.memo if search is not None else {})
-    sync = max(_grad_sync(profile, plan, r["layers"], r["first"], r["last"], spec)
-               for r in rows)
+    syncs = [_grad_sync(profile, plan, r["layers"], r["first"], r["last"], spec) for r in rows]
     shards = plan.dp * plan.cp                  # ZeRO shards over both (Megatron's)
-    opt = max(r["t"]["O"] / (shards if plan.zero >= 1 else 1) for r in rows)
+    opts = [r["t"]["O"] / (shards if plan.zero >= 1 else 1) for r in rows]
+    if plan.schedule == "dualpipe":             # rank r holds stages r and p - 1 - r
+        syncs = [a + b for a, b in zip(syncs, syncs[::-1])]
+        opts = [a + b for a, b in zip(opts, opts[::-1])]
+    sync, opt = max(syncs), max(opts)
     seconds = max(sim.makespan, sync) + opt
-    mems = [rank_memory(profile, r["layers"], r["first"], r["last"], shards, plan.zero,
-                        peak, plan.chunks, plan.recompute)
-            for r, peak in zip(rows, sim.peak_inflight)]
+    mems = schedule_memory(profile, [(r["layers"], r["first"], r["last"]) for r in rows],
+                           shards, plan.zero, sim, plan.chunks, plan.recompute)
     cap = dram_capacity(spec)
     worst = max(m["total"] for m in mems)
     peak_rate = spec.peaks.get("tensor_bf16") or max(spec.peaks.values())
@@ -276,6 +278,8 @@ def plans(profiles: dict, search: Search) -> list[Plan]:
                 m = search.global_batch // (dp * mbs)
                 for sch in (search.schedules if pp > 1 else ("1f1b",)):
                     chunks = 1
+                    if sch == "dualpipe" and (pp % 2 or m % 2 or m < 2 * pp):
+                        continue                  # DualPipe's step needs them
                     if sch == "interleaved":
                         chunks = 2
                         if m % pp or layers < pp * chunks:

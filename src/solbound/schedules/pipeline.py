@@ -19,7 +19,16 @@ time, in the schedule's order; the makespan is the step's time.
   its makespan is at most ZB-H1's hand-made order's (``m (F + B + W) + (p - 1)(F + B - W)``
   for equal stages, which it meets at ``F = B = W``) and ``peak_inflight``, microbatches
   whose W is pending included, is this order's (above ZB-H1's, which holds 1F1B's peak).
-  ZB-H1's own order and DualPipe are not modelled yet.
+  ZB-H1's own order is not modelled yet;
+* ``dualpipe``: DeepSeek-V3's bidirectional pipeline (deepseek-ai/DualPipe's ``step``,
+  replayed operation for operation): rank ``r`` holds stage ``r`` of one direction and
+  stage ``p - 1 - r`` of the other (the parameters twice), half the microbatches enter at
+  rank 0 and half at rank ``p - 1``; its eight phases (forwards to warm up, forward and
+  backward chunks paired, zero-bubble weight gradients deferred where the reference defers
+  them). ``p`` even, ``m`` even and at least ``2 p``. ``busy`` and ``peak_inflight`` are
+  per rank (both of its stages); ``peak_pair[r]``: the microbatches of each of its two
+  stages at that peak. The reference overlaps a paired forward and backward's
+  communication with compute; the bound grants every transfer's overlap anyway.
 
 Equal stages without transfers give GPipe's and 1F1B's bubble ``(p - 1) / (m + p - 1)``:
 
@@ -32,6 +41,14 @@ Equal stages without transfers give GPipe's and 1F1B's bubble ``(p - 1) / (m + p
 [4, 3, 2, 1]
 >>> simulate("zb", [Stage(1.0, 1.0, 1.0)] * 4, 8).makespan   # 8 * 3 + 3 * (1 + 1 - 1)
 27.0
+
+DualPipe holds ``p + 1`` microbatches' activations a rank (its paper's table: ``PP + 1``),
+against 1F1B's ``p`` on the first stage; with F = B = W = 1 on 4 ranks and 8 microbatches
+(24 of work a rank either way) it idles 1 where 1F1B idles 9:
+
+>>> r = simulate("dualpipe", [Stage(1.0, 1.0, 1.0)] * 4, 8)
+>>> r.makespan, r.peak_inflight, r.peak_pair[0]
+(25.0, [5, 5, 5, 5], (4, 1))
 """
 
 from __future__ import annotations
@@ -40,7 +57,7 @@ import heapq
 
 from dataclasses import dataclass, field
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb", "dualpipe")
 
 
 class ScheduleError(ValueError):
@@ -64,6 +81,9 @@ class Result:
     busy: list[float]                    # seconds each stage computes
     peak_inflight: list[int]             # most microbatches holding activations, per stage
     order: list[list[tuple]] = field(default_factory=list, repr=False)   # per stage
+    # DualPipe: per rank, the microbatches of its stage r and of its stage p - 1 - r held at
+    # its peak (the other schedules: one stage a rank, (peak, 0))
+    peak_pair: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def bubble_fraction(self) -> float:
@@ -98,6 +118,130 @@ def _fixed_order(schedule: str, p: int, m: int, v: int) -> list[list[tuple]]:
     return orders
 
 
+def dualpipe_order(p: int, m: int) -> list[list[tuple]]:
+    """Per rank, DualPipe's operations in order, as deepseek-ai/DualPipe's ``step`` issues
+    them: ``(kind, direction, microbatch)``, kind ``F``, ``BW`` (input and weight gradient),
+    ``B`` (input gradient, its weight gradient deferred) or ``W`` (the oldest deferred
+    weight gradient; direction and microbatch None). Direction 0 enters at rank 0; ranks
+    of the second half call it their phase 1.
+
+    >>> [op[0] for op in dualpipe_order(2, 4)[0]]
+    ['F', 'F', 'F', 'BW', 'F', 'BW', 'BW', 'B', 'W']
+    """
+    half = p // 2
+    orders = []
+    for r in range(p):
+        second, hr = int(r >= half), min(r, p - 1 - r)
+        nf, nb, ops = [0, 0], [0, 0], []
+
+        def f(phase):
+            d = phase ^ second
+            ops.append(("F", d, nf[d]))
+            nf[d] += 1
+
+        def b(phase, zb=False):
+            d = phase ^ second
+            ops.append(("B" if zb else "BW", d, nb[d]))
+            nb[d] += 1
+
+        def w():
+            ops.append(("W", None, None))
+        for _ in range((half - hr - 1) * 2):          # 1: forwards of phase 0
+            f(0)
+        for _ in range(hr + 1):                       # 2: both phases' forwards
+            f(0)
+            f(1)
+        for _ in range(half - hr - 1):                # 3: B1 W1 F1, zero bubble
+            b(1, True)
+            w()
+            f(1)
+        for _ in range(m // 2 - p + hr + 1):          # 4: F0 B1 F1 B0, paired
+            f(0)
+            b(1)
+            f(1)
+            b(0)
+        for _ in range(half - hr - 1):                # 5: B1 F1 B0
+            b(1)
+            f(1)
+            b(0)
+        zb, n6 = False, hr + 1                        # 6: B1 B0, the second half deferred
+        for i in range(n6):
+            if i == n6 // 2 and hr % 2 == 1:
+                zb = True
+            b(1, zb)
+            if i == n6 // 2 and hr % 2 == 0:
+                zb = True
+            b(0, zb)
+        for _ in range(half - hr - 1):                # 7: W B0
+            w()
+            b(0, True)
+        for _ in range(hr + 1):                       # 8: the deferred W's
+            w()
+        orders.append(ops)
+    return orders
+
+
+def _dualpipe(stages: list[Stage], m: int, p2p: float) -> Result:
+    """DualPipe's replay (see :func:`dualpipe_order`): an operation starts when its rank is
+    free and its input is there (the previous stage's forward of its direction, the next
+    stage's input gradient, its own input gradient for a W)."""
+    p = len(stages)
+    orders = dualpipe_order(p, m)
+    done: dict[tuple, float] = {}
+    free, busy = [0.0] * p, [0.0] * p
+    held = [[0, 0] for _ in range(p)]
+    peak, pair = [0] * p, [(0, 0)] * p
+    deferred: list[list[tuple]] = [[] for _ in range(p)]
+    log: list[list[tuple]] = [[] for _ in range(p)]
+    pos, left = [0] * p, sum(len(o) for o in orders)
+    while left:
+        moved = False
+        for r in range(p):
+            while pos[r] < len(orders[r]):
+                kind, d, i = orders[r][pos[r]]
+                if kind == "W":
+                    d, i = deferred[r][0]
+                s = r if d == 0 else p - 1 - r        # the stage it runs
+                if kind == "F":
+                    prev = done.get(("F", d, i, s - 1))
+                    ready = 0.0 if s == 0 else None if prev is None else prev + p2p
+                elif kind == "W":
+                    ready = done.get(("B", d, i, s))
+                elif s == p - 1:
+                    ready = done.get(("F", d, i, s))
+                else:
+                    nxt = done.get(("B", d, i, s + 1))
+                    ready = None if nxt is None else nxt + p2p
+                if ready is None:
+                    break
+                st = stages[s]
+                cost = {"F": st.f, "B": st.b, "BW": st.b + st.w, "W": st.w}[kind]
+                start = max(free[r], ready)
+                end = free[r] = start + cost
+                busy[r] += cost
+                if kind == "F":
+                    done[("F", d, i, s)] = end
+                    held[r][d] += 1
+                    if sum(held[r]) > peak[r]:        # (stage r's, stage p - 1 - r's)
+                        peak[r], pair[r] = sum(held[r]), (held[r][0], held[r][1])
+                elif kind == "W":
+                    deferred[r].pop(0)
+                    held[r][d] -= 1
+                else:
+                    done[("B", d, i, s)] = end
+                    if kind == "B":
+                        deferred[r].append((d, i))
+                    else:
+                        held[r][d] -= 1
+                log[r].append((kind, i, d, start, end))
+                pos[r] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise ScheduleError("dualpipe: the order deadlocks")           # pragma: no cover
+    return Result("dualpipe", p, m, max(free), busy, peak, log, pair)
+
+
 def simulate(schedule: str, stages: list[Stage], microbatches: int, p2p: float = 0.0,
              chunks: int = 1) -> Result:
     """The makespan of ``schedule`` over these stage times (see the module doc); ``p2p``:
@@ -117,6 +261,12 @@ def simulate(schedule: str, stages: list[Stage], microbatches: int, p2p: float =
                                 f"{p} stages (Megatron's virtual pipeline needs it)")
     elif v != 1:
         raise ScheduleError(f"{schedule} runs one chunk a stage, not {v}")
+    if schedule == "dualpipe":
+        if p % 2 or m % 2 or m < 2 * p:
+            raise ScheduleError(f"dualpipe: {p} ranks and {m} microbatches; it needs an even "
+                                f"number of ranks and an even number of microbatches, at "
+                                f"least twice the ranks (deepseek-ai/DualPipe's step)")
+        return _dualpipe(stages, m, p2p)
     last = p * v - 1                                  # the last virtual stage
     done: dict[tuple, float] = {}                     # (kind, mb, virtual stage) -> finish
 
@@ -242,7 +392,7 @@ def simulate(schedule: str, stages: list[Stage], microbatches: int, p2p: float =
             n = s + 1 if op[0] == "F" else s - 1 if op[0] == "B" else -1
             if 0 <= n < p:
                 renew(n)
-    return Result(schedule, p, m, max(free), busy, peak, log)
+    return Result(schedule, p, m, max(free), busy, peak, log, [(k, 0) for k in peak])
 
 
 def closed_form_bubble(stages: int, microbatches: int) -> float:

@@ -199,11 +199,17 @@ def plan(pieces: dict[tuple, Part], spec, stages: int, microbatches: int,
     link = spec.links.get("scale_up") if spec.links else None
     p2p = p2p_bytes / float(link) if link and p2p_bytes else 0.0
     r = simulate(schedule, times, microbatches, p2p=p2p, chunks=chunks)
-    opt = max(row["seconds"]["optimizer"] for row in rows)
-    for row, peak in zip(rows, r.peak_inflight):
+    opts = [row["seconds"]["optimizer"] for row in rows]
+    if schedule == "dualpipe":            # rank s steps the optimizer of both its stages
+        opts = [a + b for a, b in zip(opts, opts[::-1])]
+    opt = max(opts)
+    for s, (row, peak) in enumerate(zip(rows, r.peak_inflight)):
         row["peak_microbatches"] = peak
+        if schedule == "dualpipe":        # rank s holds stages s and p - 1 - s
+            row["rank_stages"] = [s, stages - 1 - s]
+            row["peak_microbatches_by_stage"] = list(r.peak_pair[s])
     return {"schedule": schedule, "stages": rows, "microbatches": microbatches,
             "chunks": chunks, "arch": spec.id, "makespan_seconds": r.makespan,
             "optimizer_seconds": opt, "seconds": r.makespan + opt,
             "bubble_fraction": r.bubble_fraction, "p2p_seconds": p2p,
-            "p2p_bytes": p2p_bytes}
+            "p2p_bytes": p2p_bytes, "result": r}
