@@ -256,6 +256,7 @@ def test_cli_step_and_serve_json(tmp_path, capsys):
     for e in doc["serving"]:
         assert set(e["ttft_seconds"]) >= {"p50", "p90", "p99"} and e["ttft_seconds"]["p50"] > 0
         assert e["tpot_seconds"]["p50"] is None             # one output token: no decode
+        assert e["memory"]["state_bytes_per_sequence"] == 0  # key/value rows only
         assert e["usd_per_million_output_tokens"] == pytest.approx(
             2 / 3600 / e["output_tokens_per_second"] * 1e6)
     capsys.readouterr()
@@ -564,12 +565,12 @@ def test_state_layers_are_read_from_the_cache(mamba2):
 
 @pytest.mark.xdist_group("serving_state")
 def test_chunked_state_layers_equal_direct_traces(mamba2):
-    """Prefills over several chunks (the last padded: polynomials in new and the chunks),
-    one-token decodes against a state, and a short extend: exact against a direct trace of
-    the composition, which validates against the model."""
+    """Prefills over several chunks (the last padded: polynomials in new and the chunks)
+    and a one-token decode against a state: exact against a direct trace of the
+    composition, which validates against the model."""
     from solbound.serving.step import chunk_side
     assert [chunk_side(n, 8) for n in (5, 8, 13, 24)] == ["part", "one", "chunks", "whole"]
-    seqs = "13@0,37@0,1@5"
+    seqs = "13@0,1@5"
     got = mamba2.counts(seqs)
     rep = mamba2.trace(seqs, arch="h100-sxm", modes=("fused",), validate=True)
     assert rep.validation["status"] == "passed"
@@ -577,19 +578,35 @@ def test_chunked_state_layers_equal_direct_traces(mamba2):
     assert got.flops == {k: v for k, v in rep.counts.flops.items() if v}
 
 
-@pytest.mark.xdist_group("serving_state")
-def test_hybrid_attention_and_state_layers_serve(tmp_path, capsys):
-    """A Jamba-style hybrid (one attention layer, one Mamba layer): the step program fills
-    both caches, a decode is exact against a direct trace, and ``serve`` charges each
-    sequence its state next to its key/value rows."""
+def test_hybrid_cache_layout_and_capacity():
+    """A Jamba-style hybrid (one Mamba layer, one attention layer): a state layer and a
+    key/value layer in one cache; a sequence holds the state and its rows."""
+    sm = StepModel(_jamba())
+    assert [L.kind for L in sm.layout] == ["state", "full"]
+    mem = memory_of(sm, load_spec("h100-sxm"), 0.5)
+    # Mamba layer: conv (64, 4) and state (64, 8), fp32; attention layer: 2 x 2 x 8 fp32
+    assert mem.state_bytes() == (64 * 4 + 64 * 8) * 4
+    assert mem.kv_bytes(10) == mem.state_bytes() + 10 * 2 * 2 * 8 * 4
+
+
+def _jamba():
     from transformers import JambaConfig, JambaForCausalLM
     torch.manual_seed(0)
     cfg = JambaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, attn_layer_period=2,
                       attn_layer_offset=1, expert_layer_period=4, expert_layer_offset=3,
                       mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
-                      max_position_embeddings=1024, use_mamba_kernels=False)
-    sm = StepModel(JambaForCausalLM(cfg).eval())
+                      max_position_embeddings=1024)
+    return JambaForCausalLM(cfg).eval()
+
+
+@pytest.mark.slow           # 24 s; fast: the layout above, the Mamba 2 steps below
+@pytest.mark.xdist_group("serving_state")
+def test_hybrid_attention_and_state_layers_serve(tmp_path, capsys):
+    """A Jamba-style hybrid (one attention layer, one Mamba layer): the step program fills
+    both caches, a decode is exact against a direct trace, and ``serve`` charges each
+    sequence its state next to its key/value rows."""
+    sm = StepModel(_jamba())
     assert [L.kind for L in sm.layout] == ["state", "full"]
     _same(sm, "1@7,1@40")
     res = serve(sm, uniform(2, 4, 3), "h100-sxm")     # 2-token prompts: one class
@@ -600,7 +617,7 @@ def test_hybrid_attention_and_state_layers_serve(tmp_path, capsys):
 
 
 @pytest.mark.xdist_group("serving_state")
-def test_a_config_file_its_own_class_reads(tmp_path):
+def test_a_config_file_its_own_class_reads(tmp_path, mamba2):
     """Mamba 2's config writes ``time_step_limit`` with an infinite float its own reader
     decodes, and computes ``layer_types`` from the layer count (no setter): a step reads
     the file, and the shallow traces keep a layer without setting it. Eight layers count
@@ -614,7 +631,7 @@ def test_a_config_file_its_own_class_reads(tmp_path):
     assert "Infinity" in path.read_text()
     sm = StepModel(load_model(str(path), dtype="float32"))
     assert sm._depths()[0][0] == [0] and len(sm.layout) == 8
-    deep = StepModel(_mamba2())          # two layers, traced whole
+    deep = mamba2                        # two layers, traced whole
     assert sm.counts("1@2").macs == deep.counts("1@2").macs + 6 * (
         deep.counts("1@2").macs - StepModel(_mamba2_layers(1)).counts("1@2").macs)
 
@@ -637,8 +654,8 @@ def test_transformers_quantized_fp8_cache(tmp_path):
         [((KV, HD), "float8_e4m3fn", scales)] * 2
     mem = memory_of(sm, load_spec("h100-sxm"), 0.5)
     assert mem.kv_bytes(100) == 2 * (2 * KV * HD * 100 + 8)
-    got = sm.counts("1@5,1@40")
-    rep = sm.trace("1@5,1@40", arch="h100-sxm", modes=("fused",), validate=True)
+    got = sm.counts("1@1,1@2")
+    rep = sm.trace("1@1,1@2", arch="h100-sxm", modes=("fused",), validate=True)
     assert rep.validation["status"] == "passed"
     assert (got.macs, got.bytes) == (rep.counts.macs, rep.counts.fused.bytes)
     # Mistral's window layers are refused by transformers' own class, in one line
