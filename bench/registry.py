@@ -23,6 +23,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# solbound.zoo.TASKS' keys (not imported here: the parent process stays light)
+TASK_NAMES = ("causal-lm", "masked-lm", "seq2seq", "vision", "audio", "ctc", "detection",
+              "segmentation", "video")
 
 
 def one(task: str, model_type: str, validate: bool = True) -> dict:
@@ -166,7 +169,7 @@ def failures(recs: list[dict]) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", action="append", choices=["causal-lm", "masked-lm", "seq2seq", "vision"])
+    ap.add_argument("--task", action="append", choices=sorted(TASK_NAMES))
     ap.add_argument("--only", help="comma-separated model types")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=300)

@@ -238,3 +238,23 @@ def test_a_vision_model_that_reads_ids_gets_ids():
     assert ids.dtype == torch.long and int(ids.max()) < b.config.vocab_size
     with torch.no_grad():
         assert b.model(*b.inputs).logits.shape[0] == 1
+
+
+def test_audio_models_are_called_as_their_processors_feed_them():
+    """The audio and CTC registries (``python bench/registry.py --task audio --task ctc``):
+    Whisper takes mel bins x twice its encoder positions; wav2vec2-BERT its projection's
+    input width; Granite Speech 5 four stacked mel frames (its first layer's width); a CTC
+    head gets a character vocabulary where the default config leaves none; wav2vec 2.0
+    takes a waveform, analyzes with nothing unsupported and validates."""
+    b = zoo.build("whisper", "audio")
+    c = b.config
+    assert tuple(b.inputs[0].shape) == (1, c.num_mel_bins, 2 * c.max_source_positions)
+    b = zoo.build("granite_speech5_ctc", "ctc")
+    assert b.inputs[0].shape[-1] == 4 * b.config.encoder_config.num_mel_bins
+    b = zoo.build("wav2vec2-bert", "ctc")
+    assert b.changed["vocab_size"] == (None, 32)
+    assert b.inputs[0].shape[-1] == b.config.feature_projection_input_dim
+    b = zoo.build("wav2vec2", "ctc")
+    assert tuple(b.inputs[0].shape) == (1, zoo.SAMPLES)
+    rep = solbound.analyze(b.model, b.inputs, validate=True)
+    assert not rep.lowered.unsupported and rep.validation["status"] == "passed"

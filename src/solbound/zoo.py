@@ -45,7 +45,16 @@ TASKS = {
     "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
     "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
     "vision": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "audio": "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+    "ctc": "MODEL_FOR_CTC_MAPPING_NAMES",
+    "detection": "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
+    "segmentation": "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+    "video": "MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES",
 }
+#: a waveform's samples (audio models that take raw audio: 0.25 s at 16 kHz, 12 frames of
+#: wav2vec 2.0's 320-sample stride) and a spectrogram's frames (those that take features)
+SAMPLES = 4000
+FRAMES = 32
 
 # field names by what they mean (matched on the whole name)
 _LAYERS = re.compile(r"(num_)?(hidden_|encoder_|decoder_|text_|vision_)?(layers|n_layers?|"
@@ -411,9 +420,19 @@ def _inputs(task: str, cfg, model) -> tuple:
     text = getattr(cfg, "get_text_config", lambda **_: cfg)(decoder=True)
     vocab = getattr(text, "vocab_size", None) or VOCAB
     sig = inspect.signature(model.forward).parameters
+    if task in ("audio", "ctc"):
+        return (_audio(cfg, sig, g, model),)
+    if task == "video" and "pixel_values" in sig:
+        vis = getattr(cfg, "vision_config", cfg)
+        size = getattr(vis, "image_size", IMAGE) or IMAGE
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        frames = getattr(vis, "num_frames", None) or getattr(vis, "frames_per_clip", None) or 2
+        return (torch.randn(1, frames, getattr(vis, "num_channels", 3), size, size,
+                            generator=g),)
     # a vision model takes pixels, unless its forward reads ids only (ImageGPT classifies
     # an image given as ids of colour clusters)
-    if (task == "vision" and "pixel_values" in sig) or ("input_ids" not in sig and "pixel_values" in sig):
+    if (task in ("vision", "detection", "segmentation") and "pixel_values" in sig) or \
+            ("input_ids" not in sig and "pixel_values" in sig):
         vis = getattr(cfg, "vision_config", cfg)
         size = getattr(vis, "image_size", IMAGE)
         size = size[0] if isinstance(size, (list, tuple)) else size
@@ -432,6 +451,42 @@ def _inputs(task: str, cfg, model) -> tuple:
         args[-1] = torch.randint(0, vocab, (1, TOKENS // 2), generator=g)
         return tuple(args)
     return (ids,)
+
+
+def _audio(cfg, sig, g, model=None):
+    """An audio model's input as its documentation calls it: a waveform
+    (``input_values``, 1 x samples) for the models that read raw audio (wav2vec 2.0's
+    family), a spectrogram for those that read features: Whisper's ``input_features``
+    (mel bins x twice its encoder positions, what its processor pads to), the Audio
+    Spectrogram Transformer's ``input_values`` (its ``max_length`` frames x mel bins), and
+    otherwise frames x the feature width the config names (its own or its encoder's:
+    wav2vec2-BERT's projection input, Parakeet's and LASR's mel bins), or that width with
+    2 or 4 frames stacked where the model's first layer takes them so (Granite Speech 5
+    stacks 4: what its feature extractor does; the first width whose call runs)."""
+    import torch
+    if "input_features" in sig:
+        mel = getattr(cfg, "num_mel_bins", None)
+        positions = getattr(cfg, "max_source_positions", None)
+        if mel and positions:                       # Whisper: (batch, mel, frames)
+            return torch.randn(1, mel, 2 * positions, generator=g)
+        subs = [cfg] + [v for v in vars(cfg).values()
+                        if hasattr(v, "to_dict") and hasattr(v, "model_type")]
+        width = next((getattr(c, a) for a in ("feature_projection_input_dim", "feature_size",
+                                               "num_mel_bins", "input_feat_per_channel",
+                                               "n_mels")
+                      for c in subs if isinstance(getattr(c, a, None), int)), 80)
+        tries = [torch.randn(1, FRAMES, width * k, generator=g) for k in (1, 2, 4)]
+        for x in tries if model is not None else ():
+            try:
+                with torch.no_grad():
+                    model(x)
+                return x
+            except Exception:  # noqa: BLE001 - the next width
+                continue
+        return tries[0]
+    if getattr(cfg, "num_mel_bins", None) and getattr(cfg, "max_length", None):
+        return torch.randn(1, cfg.max_length, cfg.num_mel_bins, generator=g)    # AST
+    return torch.randn(1, SAMPLES, generator=g)
 
 
 def build(model_type: str, task: str = "causal-lm") -> Built:
@@ -504,6 +559,11 @@ def _as_users_build(cfg, task: str) -> bool:
     if task == "causal-lm" and getattr(cfg, "is_decoder", None) is False:
         cfg.is_decoder = True
         return True
+    # a CTC head is built with its tokenizer's vocabulary (transformers refuses a config
+    # without one): wav2vec 2.0's character vocabulary, 32, where the default leaves None
+    if task == "ctc" and hasattr(cfg, "vocab_size") and cfg.vocab_size is None:
+        cfg.vocab_size = 32
+        return True
     return False
 
 
@@ -511,7 +571,8 @@ def _build_one(cls, cls_name, default, task, model_type, wider, repeat, image=0)
     import torch
     cfg, changed = shrink_config(default, wider, repeat, image)
     if _as_users_build(cfg, task):
-        changed["is_decoder"] = (False, True)
+        changed.update({"is_decoder": (False, True)} if task == "causal-lm"
+                       else {"vocab_size": (None, cfg.vocab_size)})
     torch.manual_seed(0)
     try:
         model = cls(cfg).eval()
