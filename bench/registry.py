@@ -4,6 +4,7 @@ analyzed with nothing unsupported, then validated against the library's forward.
 
     python bench/registry.py                          # causal-LM registry, 2 workers
     python bench/registry.py --task masked-lm --task vision
+    python bench/registry.py --task audio --task ctc --task detection --task segmentation --task video
     python bench/registry.py --only llama,mamba --jsonl out.jsonl
     python bench/registry.py --markdown              # the coverage table for docs/zoo.md
 
