@@ -1,6 +1,6 @@
 """Serving bounds on the bundled configs (meta weights).
 
-    python bench/serving.py [--part step|tp8|anchors|all] [--requests 30000] [--arch ...]
+    python bench/serving.py [--part step|tp8|anchors|state|all] [--requests 30000] [--arch ...]
 
 ``step`` (Llama-3-8B): the step model's capture (traces, seconds), the exact and the float
 step evaluation per call (``counts``, ``bound``), the step of ``512@0,1@4095x63``, and a
@@ -13,7 +13,12 @@ its all-reduces over NVLink, and 3,000 requests of 1000/1000 tokens on H100 and 
 ``anchors``: NVIDIA's published TensorRT-LLM throughputs (``docs/perf-overview.md``, offline,
 fixed lengths, FP8) beside the bound of the same model and lengths with FP8 linears and an
 FP8 cache (``serving/quantize.py``; an FP8 cache is the faster assumption, so the check is
-the stricter one), and the BF16 bound for reference (FP8 runs may exceed it)."""
+the stricter one), and the BF16 bound for reference (FP8 runs may exceed it).
+
+``state`` (models with linear-attention and SSM layers, transformers' default configs in
+BF16 on the meta device: Mamba 2, the 2.7B-class default with chunks of 256, and Jamba
+v0.1): each one's capture, the step ``512@0,1@4095x63`` and, beside it, the weights and
+the sequences' states the step reads and writes."""
 
 import argparse
 import random
@@ -76,9 +81,33 @@ def tp8(arch: str) -> None:
               f"{e['work_seconds']['communication']:.1f} s of {e['makespan_seconds']:.1f} s")
 
 
+def state() -> None:
+    import transformers
+    from solbound.serving.capacity import weights_bytes
+    seqs = [Seq(512, 0)] + [Seq(1, 4095)] * 63
+    for cfg in (transformers.Mamba2Config(), transformers.JambaConfig()):
+        import torch
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        t0 = time.perf_counter()
+        sm = StepModel(model.eval())
+        c = sm.counts(seqs)
+        b = sm.bound(seqs, "h100-sxm")
+        st = sum(L.state_bytes() for L in sm.layout)
+        w = weights_bytes(model)
+        print(f"{type(model).__name__} (transformers' default {type(cfg).__name__}): "
+              f"{sm.traces} traces, {time.perf_counter() - t0:.1f} s; step 512@0,1@4095x63: "
+              f"{c.macs:.4g} MACs, {c.bytes / 1e9:.2f} GB fused, {b.seconds * 1e3:.2f} ms "
+              f"on h100-sxm ({b.bound}); beside it: weights {w / 1e9:.2f} GB (the "
+              f"embedding table gathered, not read whole), a sequence's state "
+              f"{st / 1e6:.2f} MB (63 decodes read it, but the oldest convolution column, "
+              f"and 64 sequences write it: about {127 * st / 1e9:.2f} GB)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=("step", "tp8", "anchors", "all"), default="step")
+    ap.add_argument("--part", choices=("step", "tp8", "anchors", "state", "all"),
+                    default="step")
     ap.add_argument("--requests", type=int, default=30000)
     ap.add_argument("--arch", default="h100-sxm,b200")
     a = ap.parse_args()
@@ -86,6 +115,8 @@ def main() -> None:
         tp8("h100-sxm,h200")
     if a.part in ("anchors", "all"):
         anchors()
+    if a.part in ("state", "all"):
+        state()
     if a.part not in ("step", "all"):
         return
     t0 = time.perf_counter()

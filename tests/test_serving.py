@@ -661,3 +661,23 @@ def test_transformers_quantized_fp8_cache(tmp_path):
     # Mistral's window layers are refused by transformers' own class, in one line
     with pytest.raises(StepError, match="QuantizedCache.*only supported .* full attention"):
         StepModel(_llama(layers=1, window=16), kv_dtype="quantized-fp8")
+
+
+@pytest.mark.xdist_group("serving_state")
+def test_shallow_traces_of_a_hybrid_whose_config_derives_its_layer_kinds():
+    """Jamba derives its layer kinds from an attention period and offset: a shallow copy
+    keeps its layers' own kinds (transformers' default Jamba, 32 layers, failed here: the
+    cache of the first two layers held no attention layer). Sixteen layers, attention
+    every fourth from the third: the decode from shallow traces equals a direct trace."""
+    from transformers import JambaConfig, JambaForCausalLM
+    torch.manual_seed(0)
+    cfg = JambaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=16,
+                      num_attention_heads=4, num_key_value_heads=2, attn_layer_period=4,
+                      attn_layer_offset=2, expert_layer_period=32, expert_layer_offset=31,
+                      mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4)
+    sm = StepModel(JambaForCausalLM(cfg).eval())
+    assert sm._depths()[0][0] is not None            # traced shallow
+    got = sm.counts("1@2")
+    rep = sm.trace("1@2", arch="h100-sxm", modes=("fused",))
+    assert (got.macs, got.bytes) == (rep.counts.macs, rep.counts.fused.bytes)
+    assert sm.model.config.layers_block_type[2] == "attention"      # restored

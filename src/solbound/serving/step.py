@@ -516,6 +516,26 @@ class _keep_layers:
                            None if _derived(c, "layer_types") else getattr(c, "layer_types", None))
                           for c in cfgs]
         self.idx_saved = []
+        # per-layer lists a config derives from its layer count (Jamba's layer_types and
+        # layers_block_type, from an attention period and offset): the kept layers' own,
+        # through a subclass of the config's class for the duration
+        self.class_saved = []
+        for c in cfgs:
+            derived = {}
+            for name in dir(type(c)):
+                prop = getattr(type(c), name, None)
+                if not (isinstance(prop, property) and prop.fset is None):
+                    continue
+                try:
+                    v = getattr(c, name)
+                except Exception:  # noqa: BLE001 - a property that needs more than the config
+                    continue
+                if isinstance(v, (list, tuple)) and len(v) == c.num_hidden_layers:
+                    kept = type(v)(v[i] for i in self.keep)
+                    derived[name] = property(lambda _self, kept=kept: kept)
+            if derived:
+                self.class_saved.append((c, type(c)))
+                object.__setattr__(c, "__class__", type(type(c).__name__, (type(c),), derived))
         setattr(parent, attr, torch.nn.ModuleList([layers[i] for i in self.keep]))
         for c, _, types in self.cfg_saved:
             c.num_hidden_layers = len(self.keep)
@@ -539,6 +559,8 @@ class _keep_layers:
                 c.layer_types = types
         for m, i in self.idx_saved:
             m.layer_idx = i
+        for c, cls in self.class_saved:
+            object.__setattr__(c, "__class__", cls)
         return False
 
 
