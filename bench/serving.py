@@ -16,8 +16,9 @@ FP8 cache (``serving/quantize.py``; an FP8 cache is the faster assumption, so th
 the stricter one), and the BF16 bound for reference (FP8 runs may exceed it).
 
 ``state`` (models with linear-attention and SSM layers, transformers' default configs in
-BF16 on the meta device: Mamba 2, the 2.7B-class default with chunks of 256, and Jamba
-v0.1): each one's capture, the step ``512@0,1@4095x63`` and, beside it, the weights and
+BF16 on the meta device: Mamba 2 with chunks of 256, then Jamba v0.1, whose capture did
+not finish in 8 minutes on a 2-core machine: 32 layers of 3 kinds, 16 experts a MoE
+layer, so each point is 4 shallow traces): each one's capture, the step ``512@0,1@4095x63`` and, beside it, the weights and
 the sequences' states the step reads and writes."""
 
 import argparse

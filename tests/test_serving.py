@@ -663,19 +663,40 @@ def test_transformers_quantized_fp8_cache(tmp_path):
         StepModel(_llama(layers=1, window=16), kv_dtype="quantized-fp8")
 
 
-@pytest.mark.xdist_group("serving_state")
-def test_shallow_traces_of_a_hybrid_whose_config_derives_its_layer_kinds():
-    """Jamba derives its layer kinds from an attention period and offset: a shallow copy
-    keeps its layers' own kinds (transformers' default Jamba, 32 layers, failed here: the
-    cache of the first two layers held no attention layer). Sixteen layers, attention
-    every fourth from the third: the decode from shallow traces equals a direct trace."""
+def _jamba16():
     from transformers import JambaConfig, JambaForCausalLM
     torch.manual_seed(0)
     cfg = JambaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=16,
                       num_attention_heads=4, num_key_value_heads=2, attn_layer_period=4,
                       attn_layer_offset=2, expert_layer_period=32, expert_layer_offset=31,
                       mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4)
-    sm = StepModel(JambaForCausalLM(cfg).eval())
+    return JambaForCausalLM(cfg).eval()
+
+
+def test_a_shallow_copy_keeps_the_layer_kinds_its_config_derives():
+    """Jamba derives its layer kinds from an attention period and offset: the shallow
+    copy of its first Mamba layer and first attention layer (0 and 2 of 16) builds a cache
+    of one state layer and one key/value layer, and the config is restored after."""
+    from transformers import DynamicCache
+    from solbound.serving.step import _keep_layers
+    sm = StepModel(_jamba16())
+    keep = sm._depths()[0][0]
+    assert keep == [0, 2]
+    with _keep_layers(sm.model, sm._stack, keep):
+        kinds = [type(l).__name__ for l in DynamicCache(config=sm.model.config).layers]
+        assert sm.model.config.layers_block_type == ["mamba", "attention"]
+    assert kinds == ["LinearAttentionLayer", "DynamicLayer"]
+    assert len(sm.model.config.layers_block_type) == 16
+
+
+@pytest.mark.slow        # 25 s; fast: the shallow copy's cache above
+@pytest.mark.xdist_group("serving_state")
+def test_shallow_traces_of_a_hybrid_whose_config_derives_its_layer_kinds():
+    """Jamba derives its layer kinds from an attention period and offset: a shallow copy
+    keeps its layers' own kinds (transformers' default Jamba, 32 layers, failed here: the
+    cache of the first two layers held no attention layer). Sixteen layers, attention
+    every fourth from the third: the decode from shallow traces equals a direct trace."""
+    sm = StepModel(_jamba16())
     assert sm._depths()[0][0] is not None            # traced shallow
     got = sm.counts("1@2")
     rep = sm.trace("1@2", arch="h100-sxm", modes=("fused",))
