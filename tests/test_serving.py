@@ -563,7 +563,8 @@ def test_state_layers_are_read_from_the_cache(mamba2):
     assert mem.max_sequences(100_000) == math.floor(mem.free / 6656)
 
 
-@pytest.mark.xdist_group("serving_state")
+@pytest.mark.slow        # 30-40 s; fast: the chunk sides and monomials (doctests), the
+@pytest.mark.xdist_group("serving_state")   # state layout, the FP8 cache's steps
 def test_chunked_state_layers_equal_direct_traces(mamba2):
     """Prefills over several chunks (the last padded: polynomials in new and the chunks)
     and a one-token decode against a state: exact against a direct trace of the
