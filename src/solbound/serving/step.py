@@ -177,12 +177,12 @@ _NQ = _N + ((0, 0, 1), (1, 0, 1), (0, 0, 2))
 _NCQ = _NC + ((0, 0, 1), (1, 0, 1), (0, 1, 1), (0, 0, 2))
 
 
-def _monomials_of(key, chunked: bool = False) -> tuple[tuple[int, int, int], ...]:
+def _monomials_of(key) -> tuple[tuple[int, int, int], ...]:
     """The exponents ``(i, j, k)`` of ``new**i * ctx**j * q**k`` of a region (its key, or
-    its kind with ``chunked``), ``q = ceil(new / C)`` the chunks of a layer that pads its
-    tokens to whole chunks of ``C``: a variable where the key's chunk side is ``chunks``;
-    where it is ``one`` (exactly one chunk) ``new`` is fixed."""
-    kind, side = (key, "chunks" if chunked else None) if isinstance(key, str) else \
+    just its kind), ``q = ceil(new / C)`` the chunks of a layer that pads its tokens to
+    whole chunks of ``C``: a variable where the key's chunk side is ``chunks``; where it
+    is ``one`` (exactly one chunk) ``new`` is fixed."""
+    kind, side = (key, None) if isinstance(key, str) else \
         (key[0], key[3] if len(key) > 3 else None)
     q = side == "chunks"
     if kind == "extend":
@@ -199,14 +199,13 @@ def _monomials_of(key, chunked: bool = False) -> tuple[tuple[int, int, int], ...
 def monomials(key, new: int, ctx: int, chunk: int | None = None) -> list[int]:
     """The region's monomials ``new**i * ctx**j * q**k`` at one point (``q``: the chunks
     of ``chunk`` tokens that ``new`` fills, where the region has that variable); ``key``:
-    a region key, or a kind (then with ``q`` whenever ``chunk`` is given).
+    a region key, or just its kind.
 
-    >>> monomials("extend", 5, 7), monomials("prefill", 100, 0, chunk=64)
+    >>> monomials("extend", 5, 7), monomials(("prefill", (), (), "chunks"), 100, 0, chunk=64)
     ([1, 5, 7, 25, 35, 49], [1, 100, 10000, 2, 200, 4])
     """
     q = -(-new // chunk) if chunk else 0
-    return [new ** i * ctx ** j * q ** k
-            for i, j, k in _monomials_of(key, isinstance(key, str) and bool(chunk))]
+    return [new ** i * ctx ** j * q ** k for i, j, k in _monomials_of(key)]
 
 
 def _rank(rows: list[list[int]]) -> int:
@@ -439,7 +438,7 @@ def _chunk_size(model) -> int | None:
     except (OSError, TypeError):
         src = ""
     found = {int(v) for v in re.findall(r"\bchunk_size\s*(?::\s*int\s*)?=\s*(\d+)", src)}
-    return found.pop() if len(found) == 1 and min(found | {2}) > 1 else None
+    return found.pop() if len(found) == 1 and min(found) > 1 else None
 
 
 def _on_meta(model):
@@ -523,8 +522,7 @@ class _keep_layers:
         for c in cfgs:
             derived = {}
             for name in dir(type(c)):
-                prop = getattr(type(c), name, None)
-                if not (isinstance(prop, property) and prop.fset is None):
+                if not _derived(c, name):
                     continue
                 try:
                     v = getattr(c, name)
@@ -743,7 +741,7 @@ class Region:
     coef: dict[str, list[Fraction]]
     exact: bool = True
     seconds: float = 0.0
-    chunk: int | None = None       # the chunk size of a chunked layer (monomials in q)
+    chunk: int | None = None       # the model's chunk size (q's, in a ``chunks`` region)
 
     def matrix(self):
         """``(names, F)``: the coefficients as a float matrix (components x monomials), for
@@ -962,11 +960,6 @@ class StepModel:
             return [(None, 1)]      # a trace costs about two layers: the whole model is cheaper
         return [(s0, rest)] + out
 
-    def chunk_of(self, key: tuple) -> int | None:
-        """The chunk size whose chunks ``q`` are a variable of region ``key``: the model's
-        chunk where the region has more than one chunk of new tokens, else None."""
-        return self.chunk if self.chunk and key[-1] == "chunks" else None
-
     def key(self, new: int, ctx: int) -> tuple:
         """The region of ``new@ctx`` for this model (:func:`region_of` over its windows,
         expert thresholds and chunk)."""
@@ -1013,7 +1006,7 @@ class StepModel:
 
     def _solve_region(self, key: tuple) -> Region:
         t0 = time.perf_counter()
-        chunk = self.chunk_of(key)
+        chunk = self.chunk
         k = len(_monomials_of(key))
         pts = self._points(key, k + 4)
         # k points whose monomials are independent, then one more to check the solution
@@ -1039,12 +1032,12 @@ class StepModel:
         if check is None:                     # a region of one point: traced, nothing to solve
             r.seconds = time.perf_counter() - t0
             return r
-        checks = [check] + ([self._far_point(key, check)] if self.stateful else [])
-        for point in filter(None, checks):
+        far = self._far_point(key, check) if self.stateful else None
+        for point in filter(None, (check, far)):
             got, e = self._probe(*point)
             r.exact = r.exact and exact and e
             want = r.at(*point)
-            sizes = self.sizes()
+            sizes = self.sizes()        # of the tensors the probes have read so far
             for c in sorted(set(got) | set(want)):
                 g, w = got.get(c, 0), want.get(c, 0)
                 if c.startswith("read:"):    # a step reads at most the whole tensor
@@ -1057,8 +1050,8 @@ class StepModel:
                         + (f", chunks of {self.chunk}" if self.chunk else "") + "): its counts "
                         f"are not of the form a step model evaluates; analyze compositions "
                         f"with StepModel.trace")
-        if checks[1:] and checks[1]:
-            r.points.append(checks[1])
+        if far:
+            r.points.append(far)
         r.seconds = time.perf_counter() - t0
         return r
 
